@@ -1,0 +1,356 @@
+"""YAML -> JSON Schema validation (as written) -> environment secrets -> validation again -> settings.
+
+Every problem is collected and reported as ``FILE::$.json.path: message``; unknown keys are errors at
+every level, so a typo never falls back silently to a default.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import socket
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pluggy
+import yaml
+
+from senddock.durations import is_duration, parse_duration
+from senddock.errors import ConfigError
+from senddock.redact import is_secret_key, redact
+
+ENV_CONFIG = "SENDDOCK_CONFIG"
+ENV_DATABASE_URL = "SENDDOCK_DATABASE_URL"
+DEFAULT_CONFIG_PATHS = (Path("config/senddock.yaml"), Path("senddock.yaml"))
+
+_ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+# Errors that a value written as ${ENV} may legitimately raise before it is substituted.
+_DEFERRED_VALIDATORS = {"type", "enum", "const", "duration", "pattern", "minLength", "maxLength", "anyOf", "oneOf"}
+
+
+def _duration_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapping) -> Iterator[Any]:
+    if enabled and isinstance(instance, str) and not is_duration(instance):
+        yield jsonschema.ValidationError(f"{instance!r} is not a duration (e.g. 30s, 2m, 1h30m)")
+
+
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"duration": _duration_keyword})
+
+
+def base_schema() -> dict[str, Any]:
+    text = resources.files("senddock").joinpath("config_schema.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    dsn: str | None
+    embedded_path: Path
+    pool_size: int
+    connect_timeout: float
+    auto_migrate: bool
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    schedule: tuple[float, ...]
+    max_retries: int
+    jitter: float
+    max_age: float | None
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    heartbeat: float
+    lease: float
+    in_doubt: str
+    max_rescues: int
+
+
+@dataclass(frozen=True)
+class LoggingSettings:
+    level: str
+    format: str
+
+
+@dataclass(frozen=True)
+class Config:
+    """The validated configuration and the plugin manager whose plugins contributed to its schema."""
+
+    path: Path | None
+    data: Mapping[str, Any]
+    plugin_manager: pluggy.PluginManager = field(repr=False)
+    plugin_origins: Mapping[str, str] = field(repr=False)
+    transport_providers: Mapping[str, str] = field(repr=False)
+
+    @property
+    def transport(self) -> str:
+        return self.data["transport"]
+
+    @property
+    def workers(self) -> int:
+        return self.data["workers"]
+
+    @property
+    def claim_batch(self) -> int:
+        return self.data["claim_batch"]
+
+    @property
+    def node_name(self) -> str:
+        return self.data["node"]["name"] or socket.gethostname()
+
+    @property
+    def database(self) -> DatabaseSettings:
+        db = self.data["database"]
+        base = self.path.parent if self.path else Path.cwd()
+        return DatabaseSettings(
+            dsn=db["dsn"],
+            embedded_path=(base / db["embedded"]["path"]).resolve(),
+            pool_size=db["pool_size"],
+            connect_timeout=parse_duration(db["connect_timeout"]),
+            auto_migrate=db["auto_migrate"],
+        )
+
+    @property
+    def retry(self) -> RetrySettings:
+        r = self.data["retry"]
+        schedule = tuple(parse_duration(d) for d in r["schedule"])
+        return RetrySettings(
+            schedule=schedule,
+            max_retries=len(schedule) if r["max_retries"] is None else r["max_retries"],
+            jitter=float(r["jitter"]),
+            max_age=None if r["max_age"] is None else parse_duration(r["max_age"]),
+        )
+
+    @property
+    def recovery(self) -> RecoverySettings:
+        r = self.data["recovery"]
+        return RecoverySettings(
+            heartbeat=parse_duration(r["heartbeat"]),
+            lease=parse_duration(r["lease"]),
+            in_doubt=r["in_doubt"],
+            max_rescues=r["max_rescues"],
+        )
+
+    @property
+    def logging(self) -> LoggingSettings:
+        return LoggingSettings(**self.data["logging"])
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        return self.data.get(name) or {}
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration with every secret masked, safe to print or log."""
+        return redact(copy.deepcopy(dict(self.data)))
+
+
+def find_config_path(explicit: str | os.PathLike[str] | None, environ: Mapping[str, str]) -> Path | None:
+    """``-c FILE``, else ``$SENDDOCK_CONFIG``, else ``config/senddock.yaml`` or ``senddock.yaml`` if present."""
+    if explicit:
+        return Path(explicit)
+    if environ.get(ENV_CONFIG):
+        return Path(environ[ENV_CONFIG])
+    return next((p for p in DEFAULT_CONFIG_PATHS if p.is_file()), None)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Read, validate and resolve a config file (or the defaults when ``path`` is None).
+
+    Raises :class:`ConfigError` listing every problem found.
+    """
+    from senddock.plugins import build_plugin_manager  # plugins import config's types
+
+    environ = os.environ if environ is None else environ
+    config_path = Path(path) if path is not None else None
+    label = str(config_path) if config_path else "<defaults>"
+    raw = _read_yaml(config_path) if config_path else {}
+
+    errors: list[str] = []
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{label}::$: the file must hold a mapping of sections, not {type(raw).__name__}"])
+
+    plugins_section = raw.get("plugins") if isinstance(raw.get("plugins"), dict) else {}
+    pm_build = build_plugin_manager(
+        load=_str_list(plugins_section.get("load")), disable=_str_list(plugins_section.get("disable"))
+    )
+    errors += [f"{label}::{e}" for e in pm_build.errors]
+
+    schema = base_schema()
+    for section, section_schema in pm_build.config_schemas.items():
+        if section in schema["properties"]:
+            errors.append(f"{label}::$.{section}: a plugin's schema tries to redefine a core section")
+            continue
+        schema["properties"][section] = {"default": {}, **section_schema}
+    validator = Validator(schema)
+
+    # 1. As written: a value such as ${SMTP_PORT} stands in for whatever the environment gives.
+    errors += [f"{label}::{e.json_path}: {e.message}" for e in _errors(validator, raw) if not _is_deferred(e)]
+    errors += [f"{label}::{p}: {m}" for p, m in _secrets_written_in_file(raw)]
+    if errors:
+        raise ConfigError(errors)
+
+    # 2. With the environment substituted, validated again (so `port: ${SMTP_PORT}` must be an integer).
+    data, whole_refs, env_errors = _substitute(raw, environ)
+    if env_errors:
+        raise ConfigError([f"{label}::{p}: {m}" for p, m in env_errors])
+    if environ.get(ENV_DATABASE_URL):
+        data.setdefault("database", {})["dsn"] = environ[ENV_DATABASE_URL]
+    _coerce_env_values(validator, data, whole_refs)
+    errors = [f"{label}::{e.json_path}: {_env_message(e, whole_refs)}" for e in _errors(validator, data)]
+    if errors:
+        raise ConfigError(errors)
+
+    _fill_defaults(schema, data, schema)
+    errors = [f"{label}::{p}: {m}" for p, m in _semantic_errors(data, pm_build.transports)]
+    if errors:
+        raise ConfigError(errors)
+    return Config(
+        path=config_path,
+        data=data,
+        plugin_manager=pm_build.pm,
+        plugin_origins=pm_build.origins,
+        transport_providers=pm_build.transports,
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read the config file: {exc.strerror or exc}"]) from None
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{path}{where}: not valid YAML: {problem}"]) from None
+
+
+def _str_list(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _errors(validator: Any, instance: Any) -> list[jsonschema.ValidationError]:
+    return sorted(validator.iter_errors(instance), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+
+
+def _is_deferred(error: jsonschema.ValidationError) -> bool:
+    return (
+        error.validator in _DEFERRED_VALIDATORS
+        and isinstance(error.instance, str)
+        and _ENV_REF.search(error.instance) is not None
+    )
+
+
+def _env_message(error: jsonschema.ValidationError, whole_refs: Mapping[tuple, str]) -> str:
+    name = whole_refs.get(tuple(error.absolute_path))
+    return f"{error.message} (from ${{{name}}})" if name else error.message
+
+
+def _json_path(parts: tuple) -> str:
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
+
+
+def _walk(value: Any, parts: tuple = ()) -> Iterator[tuple[tuple, Any]]:
+    yield parts, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, parts + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk(v, parts + (i,))
+
+
+def _substitute(raw: Any, environ: Mapping[str, str]) -> tuple[Any, dict[tuple, str], list[tuple[str, str]]]:
+    """Replace ``${NAME}`` / ``${NAME:-default}``; report unset variables by key path."""
+    errors: list[tuple[str, str]] = []
+    whole_refs: dict[tuple, str] = {}
+
+    def resolve(value: Any, parts: tuple) -> Any:
+        if isinstance(value, dict):
+            return {k: resolve(v, parts + (k,)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [resolve(v, parts + (i,)) for i, v in enumerate(value)]
+        if not isinstance(value, str):
+            return value
+        whole = _ENV_REF.fullmatch(value)
+        if whole:
+            whole_refs[parts] = whole["name"]
+
+        def one(m: re.Match[str]) -> str:
+            if m["name"] in environ:
+                return environ[m["name"]]
+            if m["default"] is not None:
+                return m["default"]
+            errors.append((_json_path(parts), f"environment variable {m['name']} is not set"))
+            return ""
+
+        return _ENV_REF.sub(one, value)
+
+    return resolve(raw, ()), whole_refs, errors
+
+
+def _coerce_env_values(validator: Any, data: Any, whole_refs: Mapping[tuple, str]) -> None:
+    """Environment values are strings: turn ``"2525"`` into 2525 where the schema wants a number."""
+    for error in _errors(validator, data):
+        parts = tuple(error.absolute_path)
+        if error.validator != "type" or parts not in whole_refs or not isinstance(error.instance, str):
+            continue
+        try:
+            parsed = yaml.safe_load(error.instance)
+        except yaml.YAMLError:
+            continue
+        wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        if any(validator.is_type(parsed, t) for t in wanted):
+            parent = data
+            for p in parts[:-1]:
+                parent = parent[p]
+            parent[parts[-1]] = parsed
+
+
+def _secrets_written_in_file(raw: Any) -> Iterator[tuple[str, str]]:
+    for parts, value in _walk(raw):
+        if not parts or not isinstance(value, str) or not value or _ENV_REF.search(value):
+            continue
+        key = next((p for p in reversed(parts) if isinstance(p, str)), "")
+        if is_secret_key(key):
+            env = "_".join(str(p).upper() for p in parts if isinstance(p, str))
+            yield _json_path(parts), f"secrets must not be written in the file: use ${{{env}}}"
+        elif parts == ("database", "dsn") and redact(value, "dsn") != value:
+            yield _json_path(parts), "the DSN holds a password: take it from the environment (${PGPASSWORD} or SENDDOCK_DATABASE_URL)"
+
+
+def _fill_defaults(schema: Mapping[str, Any], instance: Any, root: Mapping[str, Any]) -> None:
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
+    if not isinstance(instance, dict):
+        return
+    for key, sub in schema.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _fill_defaults(sub, instance[key], root)
+
+
+def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> Iterator[tuple[str, str]]:
+    if data["transport"] not in transports:
+        installed = ", ".join(sorted(transports)) or "none"
+        yield "$.transport", f"{data['transport']!r} is not an installed transport (installed: {installed})"
+    heartbeat = parse_duration(data["recovery"]["heartbeat"])
+    lease = parse_duration(data["recovery"]["lease"])
+    if lease < 3 * heartbeat:
+        yield "$.recovery.lease", (
+            f"must be at least three heartbeats ({data['recovery']['lease']} < 3 x {data['recovery']['heartbeat']})"
+        )
+    if heartbeat <= 0:
+        yield "$.recovery.heartbeat", "must be longer than 0s"

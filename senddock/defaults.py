@@ -1,0 +1,59 @@
+"""Built-in default hook implementations, registered ``trylast`` so that any plugin overrides them."""
+
+from __future__ import annotations
+
+import random
+import socket
+import ssl
+
+from senddock.config import Config
+from senddock.hooks import hookimpl
+from senddock.outcome import Bounce, Classification, Outcome, RetryDecision, SendResult, SuppressionList
+
+# Failures of the network or the peer, not of the message: worth another try later.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    ConnectionError,
+    TimeoutError,
+    socket.gaierror,
+    socket.timeout,
+    ssl.SSLEOFError,
+)
+
+
+@hookimpl(trylast=True)
+def classify_result(result: SendResult) -> Classification:
+    """Success is sent; network trouble is retried; anything else (a plugin's bug) fails the job."""
+    if result.ok:
+        return Classification(Outcome.SENT, "sent")
+    if result.error is None or isinstance(result.error, TRANSIENT_ERRORS):
+        return Classification(Outcome.RETRY, "transient_error", in_doubt=result.may_have_sent)
+    return Classification(Outcome.FAIL, "plugin_error", in_doubt=result.may_have_sent)
+
+
+@hookimpl(trylast=True)
+def compute_backoff(attempt: int, classification: Classification, age: float, config: Config) -> RetryDecision:
+    """``retry.schedule[n-1]`` before the n-th retry (the last delay repeats), jittered, never sooner
+    than the server asked; give up after ``retry.max_retries`` retries or ``retry.max_age``."""
+    retry = config.retry
+    retries_done = attempt - 1
+    if retries_done >= retry.max_retries:
+        return RetryDecision.give_up()
+    delay = retry.schedule[min(retries_done, len(retry.schedule) - 1)]
+    delay *= 1 + random.uniform(-retry.jitter, retry.jitter)
+    if classification.retry_after is not None:
+        delay = max(delay, classification.retry_after)
+    if retry.max_age is not None and age + delay > retry.max_age:
+        return RetryDecision.give_up()
+    return RetryDecision.retry_in(delay)
+
+
+@hookimpl(trylast=True)
+def on_bounced(bounce: Bounce, suppressions: SuppressionList) -> None:
+    """Suppress the address so that no later campaign reaches it."""
+    suppressions.add(
+        bounce.email,
+        reason=bounce.suppression_reason,
+        code=" ".join(str(c) for c in (bounce.code, bounce.enhanced_code) if c) or None,
+        diagnostic=bounce.diagnostic or None,
+        broadcast_id=bounce.job.broadcast_id if bounce.job else None,
+    )

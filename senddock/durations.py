@@ -1,0 +1,33 @@
+"""Durations written as ``30s``, ``2m``, ``1h30m``, ``250ms``, ``1d``."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
+
+
+def is_duration(text: object) -> bool:
+    return isinstance(text, str) and _WHOLE.fullmatch(text) is not None
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``; raises ValueError naming the text when it is not a duration."""
+    if not is_duration(text):
+        raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 2m, 1h30m)")
+    return sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(text))
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest readable form: 90 -> ``1m30s``, 0.25 -> ``250ms``."""
+    if seconds < 1 and seconds != 0:
+        return f"{round(seconds * 1000)}ms"
+    rest = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"

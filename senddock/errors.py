@@ -1,0 +1,45 @@
+"""Errors the CLI turns into one clear line and an exit status."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1  # the command ran, but found problems in its input (rejected rows, unknown id)
+EXIT_USAGE = 2  # usage or configuration error
+
+
+class SenddockError(Exception):
+    """An error meant for the person running senddock: the message is shown as it is."""
+
+    exit_code = EXIT_PROBLEMS
+
+
+class ConfigError(SenddockError):
+    """The configuration is invalid; ``errors`` holds one ``FILE::$.path: message`` line each."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("\n".join(self.errors))
+
+
+class UsageError(SenddockError):
+    exit_code = EXIT_USAGE
+
+
+class DatabaseError(SenddockError):
+    """The database cannot be reached or is not in a state this senddock can use."""
+
+    exit_code = EXIT_USAGE
+
+
+class NotFound(SenddockError):
+    """An id or name given by the user does not exist."""
+
+
+class InvalidState(SenddockError):
+    """The object exists but is not in a state that allows the operation."""
+
+
+class InvalidInput(SenddockError):
+    """A value given by the user is malformed (an address, a file)."""

@@ -1,0 +1,143 @@
+"""Hook specifications: the whole contract between senddock's engine and its plugins.
+
+A plugin is any module or object with functions marked ``@senddock.hookimpl`` whose names are the hooks
+below. Hooks are called with keyword arguments, so an implementation may accept only the arguments it
+needs, and later versions can add arguments without breaking it.
+
+Exceptions must not escape a hook: the engine captures whatever ``send_message`` raises as a
+:class:`~senddock.outcome.SendResult`, and treats a raising classifier or backoff hook as a failure of
+that one job. Nothing here imports the engine at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from senddock.outcome import (
+        Bounce,
+        Classification,
+        Message,
+        PluginConfig,
+        RetryDecision,
+        SendResult,
+        SuppressionList,
+    )
+
+PROJECT_NAME = "senddock"
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def config_schema() -> Mapping[str, Mapping[str, Any]] | None:
+    """Contribute the JSON Schema of the plugin's own top-level config section(s).
+
+    Called once while the configuration is loaded, before it is validated. The returned schemas are
+    inserted under ``properties`` of the config schema (Draft 2020-12), so a plugin's settings are
+    validated as strictly as senddock's: give ``"additionalProperties": false`` and ``"default"``
+    values; defaults are filled in before the plugin sees its section.
+
+    :return: a mapping of section name (e.g. ``"smtp"``) to its JSON Schema, or None.
+    """
+
+
+@hookspec
+def transport_names() -> Iterable[str] | None:
+    """Name the transports this plugin provides.
+
+    Called when the plugin manager is built. ``transport:`` in the config must name one of the
+    transports some plugin provides; the plugin then answers ``send_message`` for that name.
+
+    :return: transport names such as ``["smtp"]``, or None if the plugin provides none.
+    """
+
+
+@hookspec(firstresult=True)
+def send_message(
+    message: Message,
+    transport: str,
+    config: PluginConfig,
+    worker_state: MutableMapping[str, Any],
+) -> SendResult | None:
+    """Send one message through the active transport.
+
+    Called by a worker for each claimed job, after the fact that the send is starting has been
+    committed. No database transaction is open during the call.
+
+    :param message: the job's message (recipient, campaign content, deterministic Message-ID).
+    :param transport: the name of the active transport (``transport:`` in the config). A transport
+        plugin answers only when this is one of its own names and returns None otherwise.
+    :param config: the validated configuration; ``config.section("smtp")`` is a plugin's section.
+    :param worker_state: a dict private to the calling worker thread and kept across its sends;
+        store reusable resources (an SMTP connection) under a key of the plugin's own.
+    :return: a :class:`~senddock.outcome.SendResult`. Return None to let other plugins decide; the
+        first non-None result wins. Raising is allowed: the engine captures the exception as a
+        failed ``SendResult`` and classifies it, so a failing plugin fails a job, not a worker.
+    """
+
+
+@hookspec(firstresult=True)
+def classify_result(result: SendResult, message: Message, config: PluginConfig) -> Classification | None:
+    """Decide what a send's result means: sent, retry, bounce, fail or pause.
+
+    Called after every ``send_message``, with the result captured as a value (exceptions included).
+    A transport's classifier should answer only for results whose ``result.transport`` is its own,
+    so that with several transports installed the one that produced the result decides. A plugin
+    that wants to override the transports' rules can use ``tryfirst=True``.
+
+    :param result: what the transport reported, or the exception it raised, as a value.
+    :param message: the message that was sent.
+    :param config: the validated configuration.
+    :return: a :class:`~senddock.outcome.Classification`. Return None to let other plugins decide;
+        the first non-None result wins. The built-in default (tried last) treats success as sent,
+        network errors as retry and anything else as a failure of the job.
+    """
+
+
+@hookspec
+def on_bounced(bounce: Bounce, suppressions: SuppressionList, config: PluginConfig) -> None:
+    """React to a dead address or a complaint.
+
+    Called for every plugin (not firstresult) after the job's bounce has been committed, outside any
+    transaction; also for bounces and complaints learnt later from provider notifications, and for
+    operator actions. If the process dies before every implementation has returned, the engine calls
+    the hook again at recovery, so implementations must be idempotent. The built-in default adds the
+    address to the suppression list, so later campaigns skip it.
+
+    :param bounce: the address, kind (bounce or complaint), source (transport reply, provider
+        notification, operator), codes and diagnostic text, and the job when there is one.
+    :param suppressions: the suppression list; ``suppressions.add(email, reason=...)`` is
+        idempotent.
+    :param config: the validated configuration.
+    :return: nothing; return values are ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def compute_backoff(
+    attempt: int,
+    classification: Classification,
+    age: float,
+    config: PluginConfig,
+) -> RetryDecision | None:
+    """Decide when a transiently failed job is tried again, or that it must stop retrying.
+
+    Called when ``classify_result`` answered ``retry``.
+
+    :param attempt: how many sends of this job have been recorded, including the one that just
+        failed (1 after the first send).
+    :param classification: the retry classification; ``classification.retry_after`` carries a wait
+        the server asked for (the default never retries sooner than that).
+    :param age: seconds since the job's first send started.
+    :param config: the validated configuration (``retry.schedule``, ``retry.max_retries``...).
+    :return: ``RetryDecision.retry_in(seconds)``, or ``RetryDecision.give_up()`` to fail the job now
+        with reason ``retries_exhausted``. Return None to let other plugins decide; the first
+        non-None result wins. The built-in default follows ``retry.schedule``: with the defaults the
+        first send plus five retries after 30s, 2m, 8m, 30m and 1h, each jittered by
+        ``retry.jitter``.
+    """

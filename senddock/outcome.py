@@ -1,0 +1,212 @@
+"""Value types that cross hook boundaries.
+
+Plugins import these (and :data:`senddock.hookimpl`) and nothing else from senddock. They are small,
+frozen and free of I/O, so a plugin can build them in tests without a database.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Recipient:
+    """The subscriber a job sends to."""
+
+    email: str
+    name: str = ""
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    subscriber_id: int | None = None
+
+
+@dataclass(frozen=True)
+class CampaignContent:
+    """What the campaign says; templates are rendered per recipient at send time."""
+
+    campaign_id: int
+    name: str
+    subject: str
+    from_addr: str
+    reply_to: str | None = None
+    text_body: str | None = None
+    html_body: str | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    """One job's message, handed to ``send_message``.
+
+    ``message_id`` is derived from the job, so a resend after a crash carries the same Message-ID.
+    """
+
+    job_id: int
+    broadcast_id: int
+    attempt: int
+    recipient: Recipient
+    campaign: CampaignContent
+    message_id: str
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What a transport reports for one send; also built by the engine from an exception.
+
+    :ivar transport: name of the transport that produced it (classifiers answer only for their own).
+    :ivar ok: the transport believes the message was accepted.
+    :ivar code: the protocol's status code (SMTP reply code, HTTP status), when there is one.
+    :ivar enhanced_code: RFC 3463 enhanced status code such as ``5.1.1``, when there is one.
+    :ivar text: the server's text or the exception's message.
+    :ivar phase: where it happened (``connect``, ``ehlo``, ``starttls``, ``auth``, ``mail``, ``rcpt``,
+        ``data``, ``api``...), so classifiers can tell a dead mailbox from a broken relay.
+    :ivar error: the exception raised by the transport, when it raised one (captured, never re-raised).
+    :ivar provider_message_id: the id the provider gave the message (SES MessageId, queue id).
+    :ivar may_have_sent: the transport cannot tell whether the message went out (e.g. a disconnect
+        after the final "." of DATA, a timeout after an API request was sent).
+    """
+
+    transport: str
+    ok: bool
+    code: int | None = None
+    enhanced_code: str | None = None
+    text: str = ""
+    phase: str | None = None
+    error: BaseException | None = field(default=None, compare=False)
+    provider_message_id: str | None = None
+    may_have_sent: bool = False
+
+    @classmethod
+    def from_exception(cls, transport: str, error: BaseException, *, phase: str | None = None) -> SendResult:
+        """Capture an exception raised by a transport as a value."""
+        text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        return cls(transport=transport, ok=False, text=text, phase=phase, error=error)
+
+
+class Outcome(str, enum.Enum):
+    """What the engine does with a job after a send."""
+
+    SENT = "sent"  # delivered: the job is done and never touched again
+    RETRY = "retry"  # transient: try again after compute_backoff's delay
+    BOUNCE = "bounce"  # the recipient's address is dead: fail the job and call on_bounced
+    FAIL = "fail"  # permanent, but not about the address: fail the job, suppress nobody
+    PAUSE = "pause"  # a sending problem no recipient caused: put the job back, pause the campaign
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The answer of ``classify_result``.
+
+    :ivar outcome: what to do with the job.
+    :ivar reason: a short machine-readable cause (``bounced``, ``rejected``, ``auth_failed``...);
+        for FAIL it becomes the job's failure reason, for PAUSE the campaign's paused reason.
+    :ivar in_doubt: the message may have been delivered although the send did not report success.
+    :ivar retry_after: seconds the server asked us to wait, passed to ``compute_backoff``.
+    :ivar about_recipient: the failure is about this recipient (counts towards nothing else);
+        failures that are not (connection errors, relay policy) count towards pausing the campaign.
+    """
+
+    outcome: Outcome
+    reason: str
+    in_doubt: bool = False
+    retry_after: float | None = None
+    about_recipient: bool = False
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """The answer of ``compute_backoff``: retry after a delay, or stop retrying.
+
+    Build it with :meth:`retry_in` or :meth:`give_up`; ``delay`` is ``None`` exactly when giving up.
+    """
+
+    delay: float | None
+    reason: str = "retries_exhausted"
+
+    @classmethod
+    def retry_in(cls, seconds: float) -> RetryDecision:
+        return cls(delay=max(0.0, float(seconds)))
+
+    @classmethod
+    def give_up(cls, reason: str = "retries_exhausted") -> RetryDecision:
+        return cls(delay=None, reason=reason)
+
+    @property
+    def stop(self) -> bool:
+        return self.delay is None
+
+
+class BounceKind(str, enum.Enum):
+    BOUNCE = "bounce"  # the address does not accept mail
+    COMPLAINT = "complaint"  # the recipient marked a message as spam
+
+
+class BounceSource(str, enum.Enum):
+    TRANSPORT = "transport"  # the transport's reply during the send (e.g. SMTP 550 5.1.1 at RCPT)
+    NOTIFICATION = "notification"  # a provider's later notification (SES/SNS, a DSN)
+    OPERATOR = "operator"  # a person said so (CLI, API)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """The job a bounce belongs to, when there is one."""
+
+    job_id: int
+    broadcast_id: int
+    campaign_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Bounce:
+    """A dead address or a complaint, handed to ``on_bounced``.
+
+    :ivar email: the address.
+    :ivar kind: bounce or complaint.
+    :ivar source: where we learnt it.
+    :ivar code: the status code that told us (``550``), if any.
+    :ivar enhanced_code: RFC 3463 code (``5.1.1``) or the provider's bounce sub-type.
+    :ivar diagnostic: the server's or provider's text.
+    :ivar job: the job it belongs to, when there is one.
+    """
+
+    email: str
+    kind: BounceKind
+    source: BounceSource
+    code: int | None = None
+    enhanced_code: str | None = None
+    diagnostic: str = ""
+    job: JobRef | None = None
+
+    @property
+    def suppression_reason(self) -> str:
+        return "complained" if self.kind is BounceKind.COMPLAINT else "bounced"
+
+
+class SuppressionList(Protocol):
+    """What ``on_bounced`` implementations get to record a suppression (the engine provides it)."""
+
+    def add(
+        self,
+        email: str,
+        *,
+        reason: str,
+        code: str | None = None,
+        diagnostic: str | None = None,
+        broadcast_id: int | None = None,
+    ) -> bool:
+        """Suppress ``email``; idempotent. Returns True when the address was not suppressed before."""
+        ...  # pragma: no cover
+
+
+class PluginConfig(Protocol):
+    """Read-only view of the validated configuration given to hooks."""
+
+    def section(self, name: str) -> Mapping[str, Any]:
+        """A plugin's own section with its schema's defaults filled in (empty mapping if absent)."""
+        ...  # pragma: no cover
+
+    @property
+    def transport(self) -> str:
+        """Name of the active transport."""
+        ...  # pragma: no cover
