@@ -7,6 +7,7 @@ every level, so a typo never falls back silently to a default.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import os
 import re
@@ -193,19 +194,19 @@ def load_config(
     validator = Validator(schema)
 
     # 1. As written: a value such as ${SMTP_PORT} stands in for whatever the environment gives.
-    errors += [f"{label}::{e.json_path}: {e.message}" for e in _errors(validator, raw) if not _is_deferred(e)]
-    errors += [f"{label}::{p}: {m}" for p, m in _secrets_written_in_file(raw)]
+    problems = [_describe(e) for e in _errors(validator, raw) if not _is_deferred(e)]
+    problems += list(_secrets_written_in_file(raw))
+    data, whole_refs, env_errors = _substitute(raw, environ)
+    problems += env_errors
+    errors += [f"{label}::{p}: {m}" for p, m in sorted(problems)]
     if errors:
         raise ConfigError(errors)
 
     # 2. With the environment substituted, validated again (so `port: ${SMTP_PORT}` must be an integer).
-    data, whole_refs, env_errors = _substitute(raw, environ)
-    if env_errors:
-        raise ConfigError([f"{label}::{p}: {m}" for p, m in env_errors])
     if environ.get(ENV_DATABASE_URL):
         data.setdefault("database", {})["dsn"] = environ[ENV_DATABASE_URL]
     _coerce_env_values(validator, data, whole_refs)
-    errors = [f"{label}::{e.json_path}: {_env_message(e, whole_refs)}" for e in _errors(validator, data)]
+    errors = [f"{label}::{p}: {_env_message(e, whole_refs, m)}" for e in _errors(validator, data) for p, m in [_describe(e)]]
     if errors:
         raise ConfigError(errors)
 
@@ -252,9 +253,22 @@ def _is_deferred(error: jsonschema.ValidationError) -> bool:
     )
 
 
-def _env_message(error: jsonschema.ValidationError, whole_refs: Mapping[tuple, str]) -> str:
+def _env_message(error: jsonschema.ValidationError, whole_refs: Mapping[tuple, str], message: str) -> str:
     name = whole_refs.get(tuple(error.absolute_path))
-    return f"{error.message} (from ${{{name}}})" if name else error.message
+    return f"{message} (from ${{{name}}})" if name else message
+
+
+def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
+    """(json path, message); an unknown key is reported at its own path, with a suggestion."""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = list(error.schema.get("properties", {}))
+        extra = [k for k in error.instance if k not in known]
+        if len(extra) == 1:
+            key = extra[0]
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
+            return _json_path(tuple(error.absolute_path) + (key,)), f"unknown key {key!r}{hint}"
+    return error.json_path, error.message
 
 
 def _json_path(parts: tuple) -> str:

@@ -1,0 +1,140 @@
+"""The ``senddock`` command: parses argv, configures logging, turns errors into one clear line and an exit status.
+
+Exit status: 0 ok, 1 the command ran but found problems in its input (rejected rows, an unknown id,
+a wrong state), 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from senddock import __version__
+from senddock.cli import commands
+from senddock.cli.logs import configure_logging
+from senddock.cli.output import Output
+from senddock.errors import EXIT_PROBLEMS, EXIT_USAGE, ConfigError, SenddockError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors through the same channel as every other error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id (a positive whole number)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id (a positive whole number)")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: an option given before the subcommand is not reset by the subcommand's default.
+    common.add_argument("-c", "--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="config file (default: $SENDDOCK_CONFIG, then config/senddock.yaml)")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print exactly one JSON object on stdout")
+
+    parser = _Parser(prog="senddock", description="A crash-safe mailing pipeline on a Postgres queue.")
+    parser.add_argument("--version", action="version", version=f"senddock {__version__}")
+    parser.add_argument("-c", "--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    def command(subparsers, name: str, handler, help_text: str) -> argparse.ArgumentParser:
+        p = subparsers.add_parser(name, parents=[common], help=help_text, description=help_text)
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command(sub, "check-config", commands.check_config, "validate the config file")
+    p.add_argument("--show", action="store_true", help="print the effective config, secrets masked")
+    command(sub, "plugins", commands.plugins, "list registered plugins, their hooks and the active transport")
+    command(sub, "migrate", commands.migrate, "apply pending database migrations")
+
+    lists = sub.add_parser("lists", help="mailing lists").add_subparsers(
+        dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)
+    command(lists, "create", commands.lists_create, "create a list").add_argument("name")
+    command(lists, "ls", commands.lists_ls, "show the lists and their member counts")
+
+    subs = sub.add_parser("subscribers", help="subscribers").add_subparsers(
+        dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)
+    p = command(subs, "import", commands.subscribers_import,
+                "import a CSV file (header row: email, optional name, other columns become attributes)")
+    p.add_argument("file", metavar="FILE.csv")
+    p.add_argument("--list", required=True, metavar="NAME", help="list to add the subscribers to")
+
+    camp = sub.add_parser("campaign", help="campaigns").add_subparsers(
+        dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)
+    p = command(camp, "create", commands.campaign_create, "create a draft campaign; prints its id")
+    p.add_argument("--name", required=True)
+    p.add_argument("--list", required=True, action="append", metavar="NAME", help="target list (repeatable)")
+    p.add_argument("--subject", required=True)
+    p.add_argument("--from", dest="from_addr", required=True, metavar="ADDR")
+    p.add_argument("--reply-to", metavar="ADDR")
+    p.add_argument("--text", metavar="FILE", help="plain-text body")
+    p.add_argument("--html", metavar="FILE", help="HTML body")
+    command(camp, "ls", commands.campaign_ls, "list campaigns")
+    command(camp, "send", commands.campaign_send, "enqueue the campaign's broadcast").add_argument(
+        "id", type=_positive_int, metavar="ID")
+    command(camp, "status", commands.campaign_status, "counts of the campaign's broadcast").add_argument(
+        "id", type=_positive_int, metavar="ID")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    out = Output(json_mode="--json" in argv)
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as exc:
+        out.error(str(exc), EXIT_USAGE)
+        return EXIT_USAGE
+    out = Output(json_mode=args.json)
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    _configure_logging_from(args)
+    try:
+        return args.handler(args, out)
+    except ConfigError as exc:
+        out.error(str(exc), exc.exit_code, exc.errors)
+        return exc.exit_code
+    except SenddockError as exc:
+        out.error(str(exc), exc.exit_code)
+        return exc.exit_code
+    except psycopg.OperationalError as exc:
+        out.error(f"database error: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}", EXIT_USAGE)
+        return EXIT_USAGE
+    except psycopg.Error as exc:
+        out.error(f"database error: {exc}", EXIT_PROBLEMS)
+        return EXIT_PROBLEMS
+    except KeyboardInterrupt:
+        out.error("interrupted", 130)
+        return 130
+
+
+def _configure_logging_from(args: argparse.Namespace) -> None:
+    """Use the config's logging section when the config loads; its errors are reported by the command."""
+    try:
+        settings = commands.open_config(args).logging
+        configure_logging(settings.level, settings.format)
+    except SenddockError:
+        configure_logging()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Handlers of the operator commands: each takes the parsed arguments and an Output, returns an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import structlog
+
+from senddock.api import Senddock
+from senddock.cli.output import Output, table
+from senddock.config import Config, find_config_path, load_config
+from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
+from senddock.plugins import describe
+
+log = structlog.get_logger(__name__)
+
+
+def open_config(args: argparse.Namespace) -> Config:
+    """The command's config, loaded once per invocation."""
+    if getattr(args, "loaded_config", None) is None:
+        args.loaded_config = load_config(find_config_path(args.config, os.environ))
+    return args.loaded_config
+
+
+def open_senddock(args: argparse.Namespace) -> Senddock:
+    return Senddock(open_config(args))
+
+
+# -- configuration and plugins ---------------------------------------------------------------------
+
+
+def check_config(args: argparse.Namespace, out: Output) -> int:
+    path = find_config_path(args.config, os.environ)
+    if path is None:
+        raise ConfigError(["no config file: pass -c FILE, set SENDDOCK_CONFIG, or create config/senddock.yaml"])
+    config = load_config(path)
+    shown = config.redacted() if args.show else None
+    payload = {"ok": True, "path": str(path), "errors": []}
+    if shown is not None:
+        payload["config"] = shown
+
+    def human() -> str:
+        if shown is None:
+            return "config OK"
+        import yaml
+
+        return "config OK\n" + yaml.safe_dump(shown, sort_keys=False)
+
+    out.result(payload, human)
+    return EXIT_OK
+
+
+def plugins(args: argparse.Namespace, out: Output) -> int:
+    config = open_config(args)
+    rows = describe(config.plugin_manager, config.plugin_origins)
+    for row in rows:
+        row["transports"] = sorted(t for t, owner in config.transport_providers.items() if owner == row["name"])
+    payload = {"active_transport": config.transport, "plugins": rows}
+
+    def human() -> str:
+        lines = [table(["plugin", "origin", "transports", "hooks"], [
+            [r["name"], r["origin"], r["transports"], r["hooks"]] for r in rows
+        ])]
+        provider = config.transport_providers[config.transport]
+        lines.append(f"\nactive transport: {config.transport} (from {provider})")
+        return "\n".join(lines)
+
+    out.result(payload, human)
+    return EXIT_OK
+
+
+def migrate(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        applied = sd.migrate()
+    names = [f"{m.version:04d}_{m.name}" for m in applied]
+    out.result({"applied": names}, "\n".join(f"applied {n}" for n in names) or "schema is up to date")
+    return EXIT_OK
+
+
+# -- lists and subscribers -------------------------------------------------------------------------
+
+
+def lists_create(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        list_id = sd.create_list(args.name)
+    out.result({"id": list_id, "name": args.name}, f"created list {args.name!r} (id {list_id})")
+    return EXIT_OK
+
+
+def lists_ls(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        found = sd.lists()
+    out.result(
+        {"lists": found},
+        lambda: table(["id", "name", "active", "members", "created"],
+                      [[x.id, x.name, x.active, x.members, x.created_at] for x in found]) if found else "no lists yet",
+    )
+    return EXIT_OK
+
+
+def subscribers_import(args: argparse.Namespace, out: Output) -> int:
+    path = Path(args.file)
+    with open_senddock(args) as sd, _progress(out, f"importing {path.name}") as on_progress:
+        summary = sd.import_subscribers(path, args.list, on_reject=lambda r: out.problem(str(r)), on_progress=on_progress)
+    out.result(
+        summary,
+        f"imported {summary.imported}, updated {summary.updated}, rejected {summary.rejected}",
+    )
+    return EXIT_PROBLEMS if summary.rejected else EXIT_OK
+
+
+class _progress:
+    """A rich progress bar on a terminal; a no-op callback otherwise."""
+
+    def __init__(self, out: Output, label: str) -> None:
+        self._out, self._label = out, label
+        self._bar = None
+
+    def __enter__(self):
+        if not self._out.interactive:
+            return lambda done, total: None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+        self._bar = Progress(
+            "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+            transient=True,
+        )
+        self._bar.start()
+        task = self._bar.add_task(self._label, total=None)
+        return lambda done, total: self._bar.update(task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# -- campaigns --------------------------------------------------------------------------------------
+
+
+def _read_body(path: str | None, option: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInput(f"{option} {path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidInput(f"{option} {path}: not UTF-8 text") from None
+
+
+def campaign_create(args: argparse.Namespace, out: Output) -> int:
+    text_body = _read_body(args.text, "--text")
+    html_body = _read_body(args.html, "--html")
+    with open_senddock(args) as sd:
+        campaign_id = sd.create_campaign(
+            name=args.name,
+            lists=args.list,
+            subject=args.subject,
+            from_addr=args.from_addr,
+            reply_to=args.reply_to,
+            text_body=text_body,
+            html_body=html_body,
+        )
+    out.result({"id": campaign_id}, str(campaign_id))
+    return EXIT_OK
+
+
+def campaign_ls(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        found = sd.campaigns()
+    out.result(
+        {"campaigns": found},
+        lambda: table(
+            ["id", "name", "status", "lists", "broadcast", "recipients", "created"],
+            [[c.id, c.name, c.status, c.lists, c.broadcast_id, c.enqueued, c.created_at] for c in found],
+        ) if found else "no campaigns yet",
+    )
+    return EXIT_OK
+
+
+def campaign_send(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        result = sd.send_campaign(args.id)
+    out.result(
+        {k: getattr(result, k) for k in ("campaign_id", "broadcast_id", "enqueued", "skipped",
+                                          "skipped_suppressed", "skipped_unsubscribed")},
+        f"campaign {result.campaign_id}: broadcast {result.broadcast_id} enqueued {result.enqueued} recipients, "
+        f"skipped {result.skipped} ({result.skipped_suppressed} suppressed, "
+        f"{result.skipped_unsubscribed} unsubscribed or blocklisted)",
+    )
+    return EXIT_OK
+
+
+def campaign_status(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        status = sd.campaign_status(args.id)
+
+    def human() -> str:
+        lines = [f"campaign {status.campaign_id}: {status.status}"
+                 + (f" ({status.paused_reason})" if status.paused_reason else "")]
+        if status.broadcast_id is None:
+            lines.append("not sent yet")
+            return "\n".join(lines)
+        lines.append(f"broadcast {status.broadcast_id}: {status.total} recipients, {status.skipped} skipped")
+        lines.append(table(
+            ["pending", "sending", "retry", "sent", "failed", "bounced"],
+            [[status.pending, status.sending, status.retry, status.sent, status.failed, status.bounced]],
+        ))
+        for reason, count in status.failed_by_reason.items():
+            lines.append(f"  failed {reason}: {count}")
+        return "\n".join(lines)
+
+    out.result(status.as_dict(), human)
+    return EXIT_OK

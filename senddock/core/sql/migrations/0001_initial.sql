@@ -1,0 +1,138 @@
+-- senddock schema, version 1.
+
+CREATE TABLE subscribers (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    email       text NOT NULL CHECK (email <> ''),
+    name        text NOT NULL DEFAULT '',
+    attributes  jsonb NOT NULL DEFAULT '{}',
+    status      text NOT NULL DEFAULT 'active'
+                CHECK (status IN ('active', 'unsubscribed', 'blocklisted')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
+-- One subscriber per address, whatever its case.
+CREATE UNIQUE INDEX subscribers_email_key ON subscribers (lower(email));
+
+CREATE TABLE lists (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name        text NOT NULL CHECK (name <> ''),
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX lists_name_key ON lists (lower(name));
+
+CREATE TABLE list_members (
+    list_id        bigint NOT NULL REFERENCES lists (id),
+    subscriber_id  bigint NOT NULL REFERENCES subscribers (id),
+    added_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (list_id, subscriber_id)
+);
+CREATE INDEX list_members_subscriber_idx ON list_members (subscriber_id);
+
+CREATE TABLE campaigns (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name           text NOT NULL CHECK (name <> ''),
+    subject        text NOT NULL,
+    from_addr      text NOT NULL,
+    reply_to       text,
+    text_body      text,
+    html_body      text,
+    status         text NOT NULL DEFAULT 'draft'
+                   CHECK (status IN ('draft', 'scheduled', 'sending', 'paused', 'cancelled', 'finished')),
+    paused_reason  text,
+    broadcast_id   bigint,
+    send_at        timestamptz,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    started_at     timestamptz,
+    finished_at    timestamptz,
+    CHECK (text_body IS NOT NULL OR html_body IS NOT NULL)
+);
+
+CREATE TABLE campaign_lists (
+    campaign_id  bigint NOT NULL REFERENCES campaigns (id),
+    list_id      bigint NOT NULL REFERENCES lists (id),
+    PRIMARY KEY (campaign_id, list_id)
+);
+
+CREATE TABLE broadcasts (
+    id                     bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    campaign_id            bigint NOT NULL UNIQUE REFERENCES campaigns (id),
+    enqueued               integer NOT NULL DEFAULT 0,
+    skipped_suppressed     integer NOT NULL DEFAULT 0,
+    skipped_unsubscribed   integer NOT NULL DEFAULT 0,
+    created_at             timestamptz NOT NULL DEFAULT now(),
+    finished_at            timestamptz
+);
+ALTER TABLE campaigns
+    ADD CONSTRAINT campaigns_broadcast_fk FOREIGN KEY (broadcast_id) REFERENCES broadcasts (id);
+
+-- The queue: one row per recipient of a broadcast, updated twice per row (claim, result).
+-- No foreign keys: broadcasts and subscribers are never deleted, and the hot path should not pay
+-- for a referential check per row or take share locks on the parents.
+-- fillfactor leaves room on each page so a row's new version usually lands on the same page;
+-- autovacuum runs early because every row leaves two dead versions behind.
+CREATE TABLE broadcast_jobs (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    broadcast_id         bigint NOT NULL,
+    subscriber_id        bigint NOT NULL,
+    email                text NOT NULL,
+    domain               text NOT NULL,
+    status               text NOT NULL DEFAULT 'pending'
+                         CHECK (status IN ('pending', 'sending', 'retry', 'sent', 'failed')),
+    attempts             integer NOT NULL DEFAULT 0,
+    rescues              integer NOT NULL DEFAULT 0,
+    next_attempt_at      timestamptz NOT NULL DEFAULT now(),
+    claimed_by           uuid,
+    claimed_at           timestamptz,
+    claim_token          uuid,
+    send_started_at      timestamptz,
+    first_attempt_at     timestamptz,
+    provider_message_id  text,
+    last_result          text,
+    failure_reason       text,
+    sent_at              timestamptz,
+    UNIQUE (broadcast_id, subscriber_id)
+) WITH (
+    fillfactor = 70,
+    autovacuum_vacuum_scale_factor = 0.02,
+    autovacuum_analyze_scale_factor = 0.02
+);
+-- The claim index holds claimable rows only: sent and failed jobs leave it, so its size follows
+-- the work left, not the history. Claims walk it per running broadcast, due first.
+CREATE INDEX broadcast_jobs_claimable_idx
+    ON broadcast_jobs (broadcast_id, next_attempt_at, id)
+    WHERE status IN ('pending', 'retry');
+-- Recovery looks for jobs left 'sending' by a node; few rows at any time.
+CREATE INDEX broadcast_jobs_sending_idx
+    ON broadcast_jobs (claimed_by)
+    WHERE status = 'sending';
+
+CREATE TABLE suppressions (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    email                text NOT NULL CHECK (email <> ''),
+    reason               text NOT NULL CHECK (reason IN ('bounced', 'complained', 'unsubscribed', 'manual')),
+    code                 text,
+    diagnostic           text,
+    source_broadcast_id  bigint,
+    created_at           timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX suppressions_email_key ON suppressions (lower(email));
+
+-- Append-only delivery log: every send attempt of every job, with what the server said.
+CREATE TABLE delivery_attempts (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id         bigint NOT NULL,
+    broadcast_id   bigint NOT NULL,
+    attempt        integer NOT NULL,
+    node           text,
+    started_at     timestamptz,
+    finished_at    timestamptz NOT NULL DEFAULT now(),
+    outcome        text NOT NULL,
+    in_doubt       boolean NOT NULL DEFAULT false,
+    phase          text,
+    smtp_code      integer,
+    enhanced_code  text,
+    message        text
+);
+CREATE INDEX delivery_attempts_job_idx ON delivery_attempts (job_id);
+CREATE INDEX delivery_attempts_broadcast_idx ON delivery_attempts (broadcast_id);

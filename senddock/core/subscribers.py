@@ -1,0 +1,159 @@
+"""Subscribers: one at a time, or streamed from a CSV file in a single transaction."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from senddock.addresses import check_address
+from senddock.core.lists import get_list
+from senddock.core.queries import query
+from senddock.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A CSV row that was not imported, printed as ``FILE:LINE: reason``."""
+
+    path: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    imported: int
+    updated: int
+    rejected: int
+
+
+@dataclass(frozen=True)
+class _Row:
+    line: int
+    email: str
+    name: str | None
+    attributes: dict[str, str]
+
+
+def add_subscriber(
+    conn: psycopg.Connection,
+    email: str,
+    *,
+    name: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    lists: Sequence[str] = (),
+) -> int:
+    """Add or update one subscriber and put them on ``lists``; returns the subscriber id."""
+    try:
+        email = check_address(email)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    with conn.transaction():
+        list_ids = [get_list(conn, name).id for name in lists]
+        row = conn.execute(
+            query("subscriber_upsert"), {"email": email, "name": name, "attributes": Jsonb(dict(attributes or {}))}
+        ).fetchone()
+        for list_id in list_ids:
+            conn.execute(query("list_member_add"), {"list_id": list_id, "subscriber_id": row[0]})
+    return row[0]
+
+
+def import_csv(
+    conn: psycopg.Connection,
+    path: str | os.PathLike[str],
+    list_name: str,
+    *,
+    on_reject: Callable[[Rejection], None] = lambda r: None,
+    on_progress: Callable[[int, int], None] = lambda done, total: None,
+) -> ImportSummary:
+    """Import a CSV (header row with ``email``; ``name`` optional; other columns become attributes).
+
+    The file is streamed into a temporary table with COPY, so memory does not grow with its size;
+    duplicates are found and the subscribers upserted in SQL, all in one transaction: an import is
+    applied whole or not at all. Each rejected row is reported through ``on_reject``.
+    """
+    label = str(path)
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 - closed below; progress reads its byte position
+    except OSError as exc:
+        raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from None
+    rejected = 0
+    with raw:
+        total_bytes = os.fstat(raw.fileno()).st_size
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
+        with conn.transaction():
+            list_id = get_list(conn, list_name).id
+            conn.execute(query("import_staging_create"))
+            rows = _read_rows(text, label)
+            has_name = next(rows)  # the generator first reports whether the header has a name column
+            with conn.cursor() as cur, cur.copy(query("import_staging_copy")) as copy:
+                for count, item in enumerate(rows, 1):
+                    if isinstance(item, Rejection):
+                        rejected += 1
+                        on_reject(item)
+                    else:
+                        copy.write_row((item.line, item.email, item.name, json.dumps(item.attributes)))
+                    if count % 5000 == 0:
+                        on_progress(raw.tell(), total_bytes)
+            on_progress(total_bytes, total_bytes)
+            for line, email, first_line in conn.execute(query("import_remove_duplicates")).fetchall():
+                rejected += 1
+                on_reject(Rejection(label, line, f"duplicate of line {first_line} ({email})"))
+            imported, updated = conn.execute(
+                query("import_apply"), {"has_name": has_name, "list_id": list_id}
+            ).fetchone()
+    return ImportSummary(imported=imported, updated=updated, rejected=rejected)
+
+
+def _read_rows(text: io.TextIOWrapper, label: str) -> Iterator[Any]:
+    """Yield whether there is a name column, then a _Row or a Rejection per record."""
+    reader = csv.reader(text)
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise InvalidInput(f"{label}: the file is empty; it needs a header row with an 'email' column")
+        columns = [h.strip() for h in header]
+        lowered = [c.lower() for c in columns]
+        if "email" not in lowered:
+            raise InvalidInput(f"{label}:1: the header has no 'email' column (found: {', '.join(columns)})")
+        for index, column in enumerate(columns):
+            if not column:
+                raise InvalidInput(f"{label}:1: column {index + 1} of the header has no name")
+            if lowered.index(column.lower()) != index:
+                raise InvalidInput(f"{label}:1: column {column!r} appears twice in the header")
+        email_at = lowered.index("email")
+        name_at = lowered.index("name") if "name" in lowered else None
+        attribute_columns = [(i, c) for i, c in enumerate(columns) if i not in (email_at, name_at)]
+        yield name_at is not None
+
+        previous_end = reader.line_num
+        for record in reader:
+            line, previous_end = previous_end + 1, reader.line_num
+            if not record or record == [""]:
+                continue  # blank line
+            if len(record) != len(columns):
+                yield Rejection(label, line, f"has {len(record)} fields, the header has {len(columns)}")
+                continue
+            try:
+                email = check_address(record[email_at])
+            except ValueError as exc:
+                yield Rejection(label, line, str(exc))
+                continue
+            name = record[name_at].strip() if name_at is not None else None
+            yield _Row(line, email, name, {column: record[i] for i, column in attribute_columns})
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{label}:{reader.line_num + 1}: not UTF-8 text ({exc.reason})") from None
+    except csv.Error as exc:
+        raise InvalidInput(f"{label}:{reader.line_num}: {exc}") from None
+

@@ -1,0 +1,39 @@
+"""The suppression list every campaign respects."""
+
+from __future__ import annotations
+
+import structlog
+
+from senddock.addresses import check_address
+from senddock.core.db import Database
+from senddock.core.queries import query
+
+log = structlog.get_logger(__name__)
+
+REASONS = ("bounced", "complained", "unsubscribed", "manual")
+
+
+class Suppressions:
+    """The engine's implementation of :class:`senddock.outcome.SuppressionList`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def add(
+        self,
+        email: str,
+        *,
+        reason: str,
+        code: str | None = None,
+        diagnostic: str | None = None,
+        broadcast_id: int | None = None,
+    ) -> bool:
+        if reason not in REASONS:
+            raise ValueError(f"suppression reason must be one of {', '.join(REASONS)}, not {reason!r}")
+        email = check_address(email)
+        params = {"email": email, "reason": reason, "code": code, "diagnostic": diagnostic, "broadcast_id": broadcast_id}
+        with self._db.connection() as conn:
+            added = conn.execute(query("suppression_add"), params).fetchone() is not None
+        if added:
+            log.info("address_suppressed", email=email, reason=reason, code=code, broadcast_id=broadcast_id)
+        return added
