@@ -54,6 +54,9 @@ class Database:
     @property
     def pool(self) -> ConnectionPool:
         if self._pool is None:
+            # One direct attempt first: it fails at once with the server's own reason, where the
+            # pool would keep retrying until its timeout and then report only that it timed out.
+            self.connect().close()
             self._pool = ConnectionPool(
                 self.dsn,
                 min_size=1,

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from senddock.cli import main
+from tests_support import senddock_executable
+
+pytest_plugins = ["senddock.testing"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> Any:
+        lines = [line for line in self.stdout.splitlines() if line.strip()]
+        assert len(lines) == 1, f"expected exactly one JSON line on stdout, got: {self.stdout!r}"
+        return json.loads(lines[0])
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], database_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
+    """Run the senddock CLI in-process on this test's database."""
+    monkeypatch.setenv("SENDDOCK_DATABASE_URL", database_dsn)
+
+    def run(*argv: str) -> CliResult:
+        capsys.readouterr()
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def run_senddock(database_dsn: str, tmp_path: Path) -> Callable[..., CliResult]:
+    """Run the real ``senddock`` console script in a subprocess on this test's database."""
+
+    def run(*argv: str, env: dict[str, str] | None = None, timeout: float = 120, db: bool = True) -> CliResult:
+        full_env = {**os.environ, **(env or {})}
+        if db:
+            full_env["SENDDOCK_DATABASE_URL"] = database_dsn
+        proc = subprocess.run(
+            [senddock_executable(), *map(str, argv)],
+            capture_output=True, text=True, env=full_env, timeout=timeout, cwd=tmp_path,
+        )
+        return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+    return run

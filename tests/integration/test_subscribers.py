@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from senddock.errors import InvalidInput, NotFound
+
+
+def write_csv(tmp_path: Path, text: str, name: str = "people.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_import_reports_each_bad_row_by_line_and_imports_the_rest(senddock_app, tmp_path: Path):
+    senddock_app.create_list("news")
+    path = write_csv(tmp_path, (
+        "email,name,city\n"
+        "ada@example.com,Ada,London\n"
+        "not-an-address,Bob,Paris\n"
+        ",Nobody,Rome\n"
+        "ADA@example.com,Ada again,Leeds\n"
+        "grace@example.com,Grace\n"
+        "\n"
+        "linus@example.com,Linus,Helsinki\n"
+    ))
+    rejected = []
+    summary = senddock_app.import_subscribers(path, "news", on_reject=lambda r: rejected.append(str(r)))
+    assert (summary.imported, summary.updated, summary.rejected) == (2, 0, 4)
+    assert rejected == [
+        f"{path}:3: invalid address 'not-an-address': An email address must have an @-sign.",
+        f"{path}:4: missing email",
+        f"{path}:6: has 2 fields, the header has 3",
+        f"{path}:5: duplicate of line 2 (ADA@example.com)",
+    ]
+    with senddock_app.db.connection() as conn:
+        rows = conn.execute("SELECT email, name, attributes FROM subscribers ORDER BY id").fetchall()
+    assert rows == [("ada@example.com", "Ada", {"city": "London"}), ("linus@example.com", "Linus", {"city": "Helsinki"})]
+    assert [(x.name, x.members) for x in senddock_app.lists()] == [("news", 2)]
+
+
+def test_reimport_updates_and_never_duplicates(senddock_app, tmp_path: Path):
+    senddock_app.create_list("news")
+    senddock_app.import_subscribers(write_csv(tmp_path, "email,name,plan\nada@example.com,Ada,free\n"), "news")
+    summary = senddock_app.import_subscribers(
+        write_csv(tmp_path, "Email,plan,team\nAda@Example.com,pro,core\nnew@example.com,free,x\n", "again.csv"), "news"
+    )
+    assert (summary.imported, summary.updated, summary.rejected) == (1, 1, 0)
+    with senddock_app.db.connection() as conn:
+        rows = conn.execute("SELECT email, name, attributes FROM subscribers ORDER BY id").fetchall()
+    # No name column the second time: the name is kept; attributes are merged.
+    assert rows == [("ada@example.com", "Ada", {"plan": "pro", "team": "core"}), ("new@example.com", "", {"plan": "free", "team": "x"})]
+
+
+def test_import_never_resubscribes(senddock_app, tmp_path: Path):
+    senddock_app.create_list("news")
+    senddock_app.add_subscriber("ada@example.com", lists=["news"])
+    with senddock_app.db.connection() as conn:
+        conn.execute("UPDATE subscribers SET status = 'unsubscribed'")
+    senddock_app.import_subscribers(write_csv(tmp_path, "email\nada@example.com\n"), "news")
+    with senddock_app.db.connection() as conn:
+        assert conn.execute("SELECT status FROM subscribers").fetchone() == ("unsubscribed",)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "the file is empty"),
+        ("name,city\nAda,London\n", ":1: the header has no 'email' column"),
+        ("email,name,Email\na@example.com,A,b\n", ":1: column 'Email' appears twice"),
+    ],
+)
+def test_unusable_files_are_refused_whole(senddock_app, tmp_path: Path, text: str, message: str):
+    senddock_app.create_list("news")
+    with pytest.raises(InvalidInput, match=message):
+        senddock_app.import_subscribers(write_csv(tmp_path, text), "news")
+
+
+def test_a_file_that_is_not_utf8_applies_nothing(senddock_app, tmp_path: Path):
+    senddock_app.create_list("news")
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"email,name\nada@example.com,Ada\nbob@example.com,Jos\xe9\n")
+    with pytest.raises(InvalidInput, match="not UTF-8"):
+        senddock_app.import_subscribers(path, "news")
+    with senddock_app.db.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM subscribers").fetchone() == (0,)
+
+
+def test_import_into_a_missing_list(senddock_app, tmp_path: Path):
+    with pytest.raises(NotFound, match="no list named 'nope'"):
+        senddock_app.import_subscribers(write_csv(tmp_path, "email\na@example.com\n"), "nope")
+
+
+def test_a_large_file_streams_through(senddock_app, tmp_path: Path):
+    senddock_app.create_list("big")
+    path = tmp_path / "big.csv"
+    with path.open("w", encoding="utf-8") as f:
+        f.write("email,name,n\n")
+        for i in range(50_000):
+            f.write(f"user{i}@example.com,User {i},{i}\n")
+    progress = []
+    summary = senddock_app.import_subscribers(path, "big", on_progress=lambda done, total: progress.append((done, total)))
+    assert (summary.imported, summary.rejected) == (50_000, 0)
+    assert progress[-1] == (path.stat().st_size, path.stat().st_size)
+    assert len(progress) > 5  # reported as it streams, not once at the end
+
+
+def test_add_subscriber_rejects_bad_addresses(senddock_app):
+    with pytest.raises(InvalidInput, match="invalid address"):
+        senddock_app.add_subscriber("nobody@")
+
+
+def test_addresses_are_unique_whatever_their_case(senddock_app):
+    first = senddock_app.add_subscriber("Ada@Example.com")
+    assert senddock_app.add_subscriber("ada@example.COM", name="Ada") == first
+    with pytest.raises(psycopg.errors.UniqueViolation), senddock_app.db.connection() as conn:
+        conn.execute("INSERT INTO subscribers (email) VALUES ('ADA@EXAMPLE.COM')")

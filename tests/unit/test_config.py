@@ -1,0 +1,139 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from senddock.config import find_config_path, load_config
+from senddock.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str, name: str = "senddock.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def errors_of(path: Path, environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ=environ or {})
+    return caught.value.errors
+
+
+def test_shipped_config_is_valid_and_uses_the_embedded_database_and_local_smtp():
+    config = load_config(REPO / "config" / "senddock.yaml", environ={})
+    assert config.database.dsn is None
+    assert config.database.embedded_path == (REPO / ".senddock" / "pgdata").resolve()
+    assert config.transport == "smtp"
+    assert (config.section("smtp")["host"], config.section("smtp")["port"]) == ("127.0.0.1", 1025)
+
+
+def test_defaults():
+    config = load_config(None, environ={})
+    assert config.workers == 5
+    assert config.retry.schedule == (30, 120, 480, 1800, 3600)
+    assert config.retry.max_retries == 5
+    assert config.retry.jitter == 0.1
+    assert (config.recovery.heartbeat, config.recovery.lease, config.recovery.in_doubt) == (5, 30, "retry")
+    assert config.logging.format == "auto"
+    assert config.node_name  # the host name
+
+
+def test_embedded_path_is_relative_to_the_config_file(tmp_path: Path):
+    path = write(tmp_path, "database:\n  embedded:\n    path: data/pg\n")
+    assert load_config(path, environ={}).database.embedded_path == (tmp_path / "data" / "pg").resolve()
+
+
+def test_bad_duration_is_reported_with_file_and_json_path(tmp_path: Path):
+    path = write(tmp_path, "retry:\n  schedule: [30s, 2m, soon]\n")
+    [error] = errors_of(path)
+    assert error.startswith(f"{path}::$.retry.schedule[2]: 'soon' is not a duration")
+
+
+def test_misspelled_key_is_an_error_with_a_suggestion_at_every_level(tmp_path: Path):
+    path = write(tmp_path, "workrs: 3\nretry:\n  jiter: 0.2\nsmtp:\n  hots: mail\n")
+    errors = errors_of(path)
+    assert f"{path}::$.workrs: unknown key 'workrs' (did you mean 'workers'?)" in errors
+    assert f"{path}::$.retry.jiter: unknown key 'jiter' (did you mean 'jitter'?)" in errors
+    # A plugin's own section is validated as strictly as senddock's.
+    assert f"{path}::$.smtp.hots: unknown key 'hots' (did you mean 'host'?)" in errors
+
+
+def test_every_error_is_collected(tmp_path: Path):
+    path = write(tmp_path, "workers: 0\ntransport: 7\nlogging:\n  level: loud\n")
+    errors = errors_of(path)
+    assert [e.split("::")[1].split(":")[0] for e in errors] == ["$.logging.level", "$.transport", "$.workers"]
+
+
+def test_missing_environment_variable_names_the_key(tmp_path: Path):
+    path = write(tmp_path, "smtp:\n  host: ${SMTP_HOST}\n")
+    assert errors_of(path) == [f"{path}::$.smtp.host: environment variable SMTP_HOST is not set"]
+
+
+def test_environment_values_are_substituted_then_validated_again(tmp_path: Path):
+    path = write(tmp_path, "smtp:\n  port: ${SMTP_PORT}\n  host: ${SMTP_HOST:-relay.local}\n")
+    config = load_config(path, environ={"SMTP_PORT": "2525"})
+    assert config.section("smtp")["port"] == 2525
+    assert config.section("smtp")["host"] == "relay.local"
+    [error] = errors_of(path, {"SMTP_PORT": "twenty"})
+    assert error == f"{path}::$.smtp.port: 'twenty' is not of type 'integer' (from ${{SMTP_PORT}})"
+
+
+def test_secrets_written_in_the_file_are_refused(tmp_path: Path):
+    path = write(tmp_path, "database:\n  dsn: postgresql://app:hunter2@db.internal/mail\n")
+    [error] = errors_of(path)
+    assert error.startswith(f"{path}::$.database.dsn: the DSN holds a password")
+    assert "hunter2" not in error
+
+
+def test_dsn_password_from_the_environment_is_masked_when_shown(tmp_path: Path):
+    path = write(tmp_path, "database:\n  dsn: postgresql://app:${DB_PASSWORD}@db.internal/mail\n")
+    config = load_config(path, environ={"DB_PASSWORD": "s3cret"})
+    assert config.database.dsn == "postgresql://app:s3cret@db.internal/mail"
+    shown = yaml.safe_dump(config.redacted())
+    assert "s3cret" not in shown
+    assert "postgresql://app:***@db.internal/mail" in shown
+
+
+def test_senddock_database_url_overrides_the_dsn(tmp_path: Path):
+    path = write(tmp_path, "database:\n  dsn: postgresql://db.internal/mail\n")
+    config = load_config(path, environ={"SENDDOCK_DATABASE_URL": "postgresql://other/db"})
+    assert config.database.dsn == "postgresql://other/db"
+
+
+def test_senddock_config_names_the_file(tmp_path: Path):
+    path = write(tmp_path, "workers: 2\n")
+    assert find_config_path(None, {"SENDDOCK_CONFIG": str(path)}) == path
+    assert find_config_path("explicit.yaml", {"SENDDOCK_CONFIG": str(path)}) == Path("explicit.yaml")
+
+
+def test_lease_must_cover_three_heartbeats(tmp_path: Path):
+    path = write(tmp_path, "recovery:\n  heartbeat: 10s\n  lease: 20s\n")
+    [error] = errors_of(path)
+    assert error.startswith(f"{path}::$.recovery.lease: must be at least three heartbeats")
+
+
+def test_unknown_transport_lists_the_installed_ones(tmp_path: Path):
+    path = write(tmp_path, "transport: carrier_pigeon\n")
+    [error] = errors_of(path)
+    assert error == f"{path}::$.transport: 'carrier_pigeon' is not an installed transport (installed: ses_like, smtp)"
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path):
+    path = write(tmp_path, "workers: 5\nretry: [unclosed\n")
+    [error] = errors_of(path)
+    assert error.startswith(f"{path}:3:")
+    assert "not valid YAML" in error
+
+
+def test_unreadable_file(tmp_path: Path):
+    [error] = errors_of(tmp_path / "missing.yaml")
+    assert "cannot read the config file" in error
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path):
+    [error] = errors_of(write(tmp_path, "- a\n- b\n"))
+    assert "must hold a mapping" in error

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from senddock.core.queries import all_queries
+from senddock.durations import format_duration, parse_duration
+from senddock.redact import MASK, redact, redact_dsn
+
+PACKAGE = Path(__file__).resolve().parents[2] / "senddock"
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("2m", 120), ("1h", 3600), ("1h30m", 5400),
+                                                ("250ms", 0.25), ("1d", 86400), ("1.5s", 1.5)])
+def test_durations(text: str, seconds: float):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "", "30", "s", "1 h", "-5s", "1h 30m"])
+def test_not_durations(text: str):
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0, 0.25, 30, 90, 5400, 90061)] == ["0s", "250ms", "30s", "1m30s", "1h30m", "1d1h1m1s"]
+
+
+def test_redaction_of_secret_keys_and_dsns():
+    shown = redact({
+        "smtp": {"password": "pw", "username": "u", "private_key_file": "/k.pem"},
+        "ses_like": {"secret_access_key": "abc", "api_key": "k"},
+        "database": {"dsn": "postgresql://app:pw@db/mail"},
+    })
+    assert shown["smtp"] == {"password": MASK, "username": "u", "private_key_file": "/k.pem"}
+    assert shown["ses_like"] == {"secret_access_key": MASK, "api_key": MASK}
+    assert shown["database"]["dsn"] == "postgresql://app:***@db/mail"
+    assert redact_dsn("host=db password='p w' dbname=x") == "host=db password=*** dbname=x"
+    assert redact_dsn("postgresql://app@db/mail") == "postgresql://app@db/mail"
+
+
+def test_every_named_query_is_used_and_every_used_query_exists():
+    used = set()
+    for path in PACKAGE.rglob("*.py"):
+        used |= set(re.findall(r'query\("(\w+)"\)', path.read_text(encoding="utf-8")))
+    assert used == set(all_queries())
