@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from senddock.cli import main
 from tests_support import senddock_executable
@@ -38,7 +39,10 @@ def cli(capsys: pytest.CaptureFixture[str], database_dsn: str, monkeypatch: pyte
 
     def run(*argv: str) -> CliResult:
         capsys.readouterr()
-        code = main([str(a) for a in argv])
+        try:
+            code = main([str(a) for a in argv])
+        finally:
+            structlog.reset_defaults()  # the CLI configured logging for this process
         captured = capsys.readouterr()
         return CliResult(code, captured.out, captured.err)
 

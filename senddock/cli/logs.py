@@ -12,8 +12,7 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     """Logs go to stderr, so stdout carries only command results."""
-    stream = sys.stderr
-    use_console = fmt == "console" or (fmt == "auto" and stream.isatty())
+    use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer = structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[
@@ -24,6 +23,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # Looked up at each call, so a replaced sys.stderr (tests, daemons) is honoured.
+        logger_factory=lambda *args: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -13,7 +14,7 @@ from senddock.testing import create_database, drop_database
 
 @pytest.fixture
 def empty_dsn(postgres_server_dsn: str):
-    name = "senddock_empty_" + threading.get_ident().__str__()[-6:]
+    name = "senddock_empty_" + uuid.uuid4().hex[:12]
     dsn = create_database(postgres_server_dsn, name)
     yield dsn
     drop_database(postgres_server_dsn, name)
