@@ -46,3 +46,12 @@ def test_every_named_query_is_used_and_every_used_query_exists():
     for path in PACKAGE.rglob("*.py"):
         used |= set(re.findall(r'query\("(\w+)"\)', path.read_text(encoding="utf-8")))
     assert used == set(all_queries())
+
+
+def test_every_package_is_listed_in_pyproject():
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(project["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed
