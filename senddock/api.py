@@ -153,6 +153,11 @@ class Senddock:
         with self._conn() as conn:
             return campaigns.send_campaign(conn, campaign_id)
 
+    def resume_campaign(self, campaign_id: int) -> None:
+        """Put a paused campaign back to sending (after fixing what paused it)."""
+        with self._conn() as conn:
+            campaigns.resume_campaign(conn, campaign_id)
+
     def campaign_status(self, campaign_id: int) -> CampaignStatus:
         with self._conn() as conn:
             return campaigns.campaign_status(conn, campaign_id)

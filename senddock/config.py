@@ -51,6 +51,7 @@ def base_schema() -> dict[str, Any]:
 @dataclass(frozen=True)
 class DatabaseSettings:
     dsn: str | None
+    direct_dsn: str | None
     embedded_path: Path
     pool_size: int
     connect_timeout: float
@@ -91,7 +92,20 @@ class Config:
 
     @property
     def transport(self) -> str:
-        return self.data["transport"]
+        return transport_name(self.data["transport"])
+
+    @property
+    def max_consecutive_failures(self) -> int:
+        setting = self.data["transport"]
+        return setting.get("max_consecutive_failures", 20) if isinstance(setting, dict) else 20
+
+    @property
+    def poll_interval(self) -> float:
+        return parse_duration(self.data["poll_interval"])
+
+    @property
+    def shutdown_timeout(self) -> float:
+        return parse_duration(self.data["shutdown_timeout"])
 
     @property
     def workers(self) -> int:
@@ -111,6 +125,7 @@ class Config:
         base = self.path.parent if self.path else Path.cwd()
         return DatabaseSettings(
             dsn=db["dsn"],
+            direct_dsn=db["direct_dsn"],
             embedded_path=(base / db["embedded"]["path"]).resolve(),
             pool_size=db["pool_size"],
             connect_timeout=parse_duration(db["connect_timeout"]),
@@ -258,8 +273,18 @@ def _env_message(error: jsonschema.ValidationError, whole_refs: Mapping[tuple, s
     return f"{message} (from ${{{name}}})" if name else message
 
 
+def transport_name(setting: str | Mapping[str, Any]) -> str:
+    """``transport: smtp`` and ``transport: {name: smtp, ...}`` name the same transport."""
+    return setting if isinstance(setting, str) else setting["name"]
+
+
 def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
     """(json path, message); an unknown key is reported at its own path, with a suggestion."""
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        # "x is not valid under any of the given schemas" helps nobody: say what the closest branch wants.
+        # The branch whose type matched is the one the writer meant.
+        meant = [e for e in error.context if e.validator != "type"] or list(error.context)
+        return _describe(max(meant, key=lambda e: len(e.absolute_path)))
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         known = list(error.schema.get("properties", {}))
         extra = [k for k in error.instance if k not in known]
@@ -357,9 +382,11 @@ def _fill_defaults(schema: Mapping[str, Any], instance: Any, root: Mapping[str, 
 
 
 def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> Iterator[tuple[str, str]]:
-    if data["transport"] not in transports:
+    name = transport_name(data["transport"])
+    if name not in transports:
         installed = ", ".join(sorted(transports)) or "none"
-        yield "$.transport", f"{data['transport']!r} is not an installed transport (installed: {installed})"
+        where = "$.transport" if isinstance(data["transport"], str) else "$.transport.name"
+        yield where, f"{name!r} is not an installed transport (installed: {installed})"
     heartbeat = parse_duration(data["recovery"]["heartbeat"])
     lease = parse_duration(data["recovery"]["lease"])
     if lease < 3 * heartbeat:

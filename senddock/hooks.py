@@ -141,3 +141,15 @@ def compute_backoff(
         first send plus five retries after 30s, 2m, 8m, 30m and 1h, each jittered by
         ``retry.jitter``.
     """
+
+
+@hookspec
+def worker_stopped(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
+    """Release what a plugin kept in a worker's state (an open SMTP connection).
+
+    Called once by each worker thread as it stops, whether it stops cleanly or after an error.
+
+    :param worker_state: the dict the worker passed to every ``send_message`` call.
+    :param config: the validated configuration.
+    :return: nothing; return values are ignored.
+    """

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psycopg
 
 from senddock import __version__
-from senddock.cli import commands
+from senddock.cli import commands, engine
 from senddock.cli.logs import configure_logging
 from senddock.cli.output import Output
 from senddock.errors import EXIT_PROBLEMS, EXIT_USAGE, ConfigError, SenddockError
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "id", type=_positive_int, metavar="ID")
     command(camp, "status", commands.campaign_status, "counts of the campaign's broadcast").add_argument(
         "id", type=_positive_int, metavar="ID")
+    engine.add_commands(sub, camp, command, _positive_int)
     return parser
 
 

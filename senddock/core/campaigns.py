@@ -187,3 +187,13 @@ def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatu
         counts = cur.execute(query("broadcast_counts"), params).fetchone()
         reasons = {r["reason"]: r["jobs"] for r in cur.execute(query("broadcast_failed_by_reason"), params)}
     return CampaignStatus(**base, **counts, failed_by_reason=reasons)
+
+
+def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:
+    with conn.transaction():
+        resumed = conn.execute(query("campaign_resume"), {"campaign_id": campaign_id}).fetchone()
+        if resumed is None:
+            status = get_campaign(conn, campaign_id).status
+            raise InvalidState(f"campaign {campaign_id} is {status}, not paused: only a paused campaign can be resumed")
+        broadcast_id = get_campaign(conn, campaign_id).broadcast_id
+        conn.execute(query("notify_jobs"), {"broadcast_id": broadcast_id})

@@ -1,18 +1,20 @@
 """senddock's built-in SMTP transport, packaged exactly as a third-party plugin would be.
 
-It is registered through the ``senddock`` entry-point group and uses only ``senddock.hookimpl`` and
-``senddock.outcome``. This foundation release declares the transport and its settings; sending
-arrives with the engine.
+It is registered through the ``senddock`` entry-point group and uses only the public modules of
+senddock (``hookimpl``, ``outcome``, ``mime``, ``durations``), never the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from senddock import hookimpl
+from senddock.outcome import Classification, Message, PluginConfig, SendResult
+from senddock_smtp import classify as _classify
+from senddock_smtp import transport as _transport
 
-TRANSPORT = "smtp"
+TRANSPORT = _transport.TRANSPORT
 
 CONFIG_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -32,6 +34,8 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
             "type": ["string", "null"],
             "default": None,
         },
+        "username": {"description": "AUTH user name; no AUTH without it.", "type": ["string", "null"], "default": None},
+        "password": {"description": "AUTH password: write ${ENV_NAME}.", "type": ["string", "null"], "default": None},
     },
 }
 
@@ -44,3 +48,24 @@ def transport_names() -> list[str]:
 @hookimpl
 def config_schema() -> Mapping[str, Mapping[str, Any]]:
     return {"smtp": CONFIG_SCHEMA}
+
+
+@hookimpl
+def send_message(
+    message: Message, transport: str, config: PluginConfig, worker_state: MutableMapping[str, Any]
+) -> SendResult | None:
+    if transport != TRANSPORT:
+        return None
+    return _transport.send(message, config.section("smtp"), worker_state)
+
+
+@hookimpl
+def classify_result(result: SendResult) -> Classification | None:
+    if result.transport != TRANSPORT:
+        return None
+    return _classify.classify(result)
+
+
+@hookimpl
+def worker_stopped(worker_state: MutableMapping[str, Any]) -> None:
+    _transport.close(worker_state)

@@ -179,3 +179,247 @@ INSERT INTO suppressions (email, reason, code, diagnostic, source_broadcast_id)
 VALUES (%(email)s, %(reason)s, %(code)s, %(diagnostic)s, %(broadcast_id)s)
 ON CONFLICT ((lower(email))) DO NOTHING
 RETURNING id;
+
+-- ---------------------------------------------------------------------------------------------
+-- The engine: nodes, claims, results, recovery.
+
+-- name: node_register
+INSERT INTO nodes (id, name, host, pid) VALUES (%(node_id)s, %(name)s, %(host)s, %(pid)s)
+RETURNING lock_id;
+
+-- name: node_lock
+SELECT pg_try_advisory_lock(%(lock_class)s, %(lock_id)s);
+
+-- name: node_heartbeat
+UPDATE nodes SET heartbeat_at = now() WHERE id = %(node_id)s;
+
+-- name: node_stopped
+UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s;
+
+-- name: jobs_claim
+-- Due jobs of running campaigns, oldest broadcast first, taken with SKIP LOCKED: the lateral
+-- subquery walks the claimable index of one running broadcast at a time, so jobs of paused,
+-- scheduled or finished campaigns cost nothing, and the outer LIMIT stops it after n rows.
+-- A job whose address was suppressed since the enqueue is failed here instead of being sent.
+-- The first job of the batch is marked as starting in the same commit (it is sent first).
+WITH due AS MATERIALIZED (
+    SELECT j.id, r.campaign_id,
+           EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(j.email)) AS suppressed
+    FROM (
+        SELECT c.id AS campaign_id, c.broadcast_id
+        FROM campaigns c
+        WHERE c.status = 'sending' AND c.broadcast_id IS NOT NULL
+        ORDER BY c.broadcast_id
+    ) r
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.email
+        FROM broadcast_jobs j
+        WHERE j.broadcast_id = r.broadcast_id
+          AND j.status IN ('pending', 'retry')
+          AND j.next_attempt_at <= now()
+        ORDER BY j.next_attempt_at, j.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) j
+    LIMIT %(limit)s
+), first_job AS (
+    SELECT min(id) AS id FROM due WHERE NOT suppressed
+)
+UPDATE broadcast_jobs j
+   SET status = CASE WHEN due.suppressed THEN 'failed' ELSE 'sending' END,
+       failure_reason = CASE WHEN due.suppressed THEN 'suppressed' ELSE j.failure_reason END,
+       claimed_by = CASE WHEN due.suppressed THEN NULL ELSE %(node_id)s::uuid END,
+       claimed_at = now(),
+       claim_token = CASE WHEN due.suppressed THEN NULL ELSE gen_random_uuid() END,
+       send_started_at = CASE WHEN j.id = (SELECT id FROM first_job) THEN now() END
+  FROM due, subscribers s
+ WHERE j.id = due.id AND s.id = j.subscriber_id
+RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
+          j.attempts, j.claim_token, j.first_attempt_at, due.suppressed,
+          j.send_started_at IS NOT NULL AS started;
+
+-- name: job_record_result
+-- One statement, one round trip, one commit: the job's outcome (fenced by its claim token), its
+-- delivery_attempts row, a pending bounce when it bounced, and the durable mark that the worker's
+-- next job is starting. A worker that lost its claim changes nothing, except that a message it
+-- did deliver is marked sent (unless someone sent it since): it must never go out again.
+WITH result AS (
+    UPDATE broadcast_jobs
+       SET status = %(status)s,
+           attempts = attempts + %(counts)s::int,
+           next_attempt_at = CASE WHEN %(delay)s::float8 IS NULL THEN next_attempt_at
+                                  ELSE now() + make_interval(secs => %(delay)s::float8) END,
+           failure_reason = %(failure_reason)s,
+           last_result = %(last_result)s,
+           sent_at = CASE WHEN %(status)s = 'sent' THEN now() END,
+           provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
+           first_attempt_at = coalesce(first_attempt_at, send_started_at),
+           claimed_by = NULL, claim_token = NULL, send_started_at = NULL
+     WHERE id = %(job_id)s AND claim_token = %(claim_token)s AND status = 'sending'
+    RETURNING id
+), late_success AS (
+    UPDATE broadcast_jobs
+       SET status = 'sent', sent_at = now(), attempts = attempts + 1, failure_reason = NULL,
+           last_result = %(last_result)s,
+           provider_message_id = coalesce(%(provider_message_id)s, provider_message_id)
+     WHERE %(ok)s AND id = %(job_id)s AND status <> 'sent' AND NOT EXISTS (SELECT FROM result)
+    RETURNING id
+), attempt AS (
+    INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at, outcome,
+                                   in_doubt, phase, smtp_code, enhanced_code, message,
+                                   provider_message_id, claim_lost)
+    VALUES (%(job_id)s, %(broadcast_id)s, %(attempt)s, %(node)s, %(node_id)s, %(started_at)s,
+            %(outcome)s, %(in_doubt)s, %(phase)s, %(code)s, %(enhanced_code)s, %(last_result)s,
+            %(provider_message_id)s, NOT EXISTS (SELECT FROM result))
+), bounce AS (
+    INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code,
+                                 diagnostic, node_id)
+    SELECT %(job_id)s, %(broadcast_id)s, %(campaign_id)s, %(email)s, %(code)s, %(enhanced_code)s,
+           %(last_result)s, %(node_id)s
+     WHERE %(bounce)s AND EXISTS (SELECT FROM result)
+    ON CONFLICT (job_id) DO NOTHING
+), started AS (
+    UPDATE broadcast_jobs SET send_started_at = now()
+     WHERE id = %(next_job_id)s AND claim_token = %(next_claim_token)s AND status = 'sending'
+    RETURNING id
+)
+SELECT EXISTS (SELECT FROM result) AS recorded,
+       EXISTS (SELECT FROM late_success) AS late_sent,
+       EXISTS (SELECT FROM started) AS next_started,
+       (SELECT status FROM campaigns WHERE id = %(next_campaign_id)s) AS next_campaign_status;
+
+-- name: job_start
+-- The durable mark that a send is starting, when no result is being recorded with it.
+UPDATE broadcast_jobs j SET send_started_at = now()
+  FROM campaigns c
+ WHERE j.id = %(job_id)s AND j.claim_token = %(claim_token)s AND j.status = 'sending'
+   AND c.id = %(campaign_id)s
+RETURNING c.status;
+
+-- name: jobs_release
+-- Claimed jobs that were never started go back as they were (a shutdown, a pause, a lost claim).
+UPDATE broadcast_jobs j
+   SET status = CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END,
+       claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_started_at = NULL
+  FROM unnest(%(job_ids)s::bigint[], %(claim_tokens)s::uuid[]) AS r(id, token)
+ WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'sending'
+RETURNING j.id;
+
+-- name: jobs_recover
+-- Jobs left 'sending' by incarnations that are gone: our own name's earlier incarnations at once
+-- when their lifeline lock is provably not held (and they held it on this server since its last
+-- start), anyone else's only once their heartbeat is older than the lease (database clock).
+-- Re-checked inside this one statement: still 'sending', same claim, owner still gone.
+-- A job whose send had started is in doubt: recorded as such, then retried or failed.
+WITH dead AS (
+    SELECT n.id, n.name
+    FROM nodes n
+    WHERE n.id <> %(node_id)s
+      AND (
+            n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)
+         OR (n.name = %(name)s
+             AND n.heartbeat_at >= pg_postmaster_start_time()
+             AND NOT EXISTS (
+                 SELECT 1 FROM pg_locks l
+                 WHERE l.locktype = 'advisory' AND l.granted
+                   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                   AND l.classid = %(lock_class)s::oid AND l.objid = n.lock_id::oid AND l.objsubid = 2))
+      )
+), victims AS (
+    SELECT j.id, j.claim_token, j.claimed_by, j.send_started_at
+    FROM broadcast_jobs j
+    WHERE j.status = 'sending' AND j.claimed_by IN (SELECT id FROM dead)
+    ORDER BY j.id
+    LIMIT 1000
+    FOR UPDATE OF j SKIP LOCKED
+), recovered AS (
+    UPDATE broadcast_jobs j
+       SET status = CASE
+               WHEN v.send_started_at IS NULL THEN CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END
+               WHEN j.rescues + 1 > %(max_rescues)s THEN 'failed'
+               WHEN %(in_doubt)s = 'fail' THEN 'failed'
+               ELSE 'retry' END,
+           failure_reason = CASE
+               WHEN v.send_started_at IS NULL THEN j.failure_reason
+               WHEN j.rescues + 1 > %(max_rescues)s THEN 'crashed_repeatedly'
+               WHEN %(in_doubt)s = 'fail' THEN 'in_doubt'
+               ELSE j.failure_reason END,
+           rescues = j.rescues + (v.send_started_at IS NOT NULL)::int,
+           attempts = j.attempts + (v.send_started_at IS NOT NULL)::int,
+           next_attempt_at = CASE WHEN v.send_started_at IS NULL THEN j.next_attempt_at ELSE now() END,
+           first_attempt_at = coalesce(j.first_attempt_at, v.send_started_at),
+           last_result = CASE WHEN v.send_started_at IS NULL THEN j.last_result
+                              ELSE 'in doubt: its node died while sending' END,
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_started_at = NULL
+      FROM victims v
+     WHERE j.id = v.id AND j.status = 'sending' AND j.claim_token = v.claim_token
+       AND j.claimed_by IN (SELECT id FROM dead)
+    RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts,
+              v.send_started_at, v.claimed_by
+), logged AS (
+    INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at,
+                                   outcome, in_doubt, message)
+    SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, r.send_started_at, 'in_doubt', true,
+           'in doubt: node ' || coalesce(d.name, '?') || ' (' || r.claimed_by || ') died while sending; '
+           || CASE WHEN r.status = 'failed' THEN 'failed as ' || r.failure_reason ELSE 'sent again' END
+    FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by
+    WHERE r.send_started_at IS NOT NULL
+)
+SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.send_started_at IS NOT NULL AS in_doubt,
+       d.name AS dead_node
+FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
+
+-- name: campaign_pause
+UPDATE campaigns SET status = 'paused', paused_reason = %(reason)s, updated_at = now()
+ WHERE id = %(campaign_id)s AND status = 'sending'
+RETURNING id;
+
+-- name: campaign_resume
+UPDATE campaigns SET status = 'sending', paused_reason = NULL, updated_at = now()
+ WHERE id = %(campaign_id)s AND status = 'paused'
+RETURNING id;
+
+-- name: campaigns_finish
+-- A campaign stays 'sending' until every job of its broadcast is sent or failed. Run after result
+-- commits and from the poll: whoever commits the last result sees all others' commits.
+UPDATE campaigns c
+   SET status = 'finished', finished_at = now(), updated_at = now()
+ WHERE c.status = 'sending'
+   AND c.broadcast_id IS NOT NULL
+   AND (%(broadcast_id)s::bigint IS NULL OR c.broadcast_id = %(broadcast_id)s)
+   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j
+                   WHERE j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry', 'sending'))
+RETURNING c.id, c.broadcast_id;
+
+-- name: broadcasts_finished_mark
+UPDATE broadcasts SET finished_at = now() WHERE id = ANY(%(broadcast_ids)s) AND finished_at IS NULL;
+
+-- name: due_work_exists
+SELECT EXISTS (
+    SELECT 1 FROM campaigns c
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM broadcast_jobs j
+        WHERE j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry') AND j.next_attempt_at <= now()
+        LIMIT 1
+    ) j
+    WHERE c.status = 'sending'
+);
+
+-- name: bounces_pending
+-- Bounces whose hooks did not all return: those of dead or stopped nodes, or stale ones.
+SELECT b.job_id, b.broadcast_id, b.campaign_id, b.email, b.code, b.enhanced_code, b.diagnostic
+FROM pending_bounces b
+LEFT JOIN nodes n ON n.id = b.node_id
+WHERE b.node_id IS DISTINCT FROM %(node_id)s
+  AND (n.id IS NULL OR n.stopped_at IS NOT NULL
+       OR n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)
+       OR b.created_at < now() - interval '10 minutes')
+ORDER BY b.job_id
+LIMIT 100;
+
+-- name: bounce_done
+DELETE FROM pending_bounces WHERE job_id = %(job_id)s;
+
+-- name: campaign_content
+SELECT id AS campaign_id, name, subject, from_addr, reply_to, text_body, html_body
+FROM campaigns WHERE id = %(campaign_id)s;

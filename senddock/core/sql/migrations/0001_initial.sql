@@ -102,10 +102,42 @@ CREATE TABLE broadcast_jobs (
 CREATE INDEX broadcast_jobs_claimable_idx
     ON broadcast_jobs (broadcast_id, next_attempt_at, id)
     WHERE status IN ('pending', 'retry');
--- Recovery looks for jobs left 'sending' by a node; few rows at any time.
+-- In-flight jobs, by owner (recovery) and by broadcast (finishing a campaign); few rows at any time.
 CREATE INDEX broadcast_jobs_sending_idx
     ON broadcast_jobs (claimed_by)
     WHERE status = 'sending';
+CREATE INDEX broadcast_jobs_sending_broadcast_idx
+    ON broadcast_jobs (broadcast_id)
+    WHERE status = 'sending';
+
+-- Every incarnation of a `senddock run` process. An incarnation holds the session advisory lock
+-- (LOCK_CLASS, lock_id) on its lifeline connection for as long as it lives, so a lock that is
+-- not granted in pg_locks proves the incarnation gone (pids are reused; locks are not).
+CREATE TABLE nodes (
+    id            uuid PRIMARY KEY,
+    name          text NOT NULL,
+    lock_id       integer GENERATED ALWAYS AS IDENTITY UNIQUE,
+    host          text NOT NULL,
+    pid           integer NOT NULL,
+    started_at    timestamptz NOT NULL DEFAULT now(),
+    heartbeat_at  timestamptz NOT NULL DEFAULT now(),
+    stopped_at    timestamptz
+);
+CREATE INDEX nodes_name_idx ON nodes (name);
+
+-- Bounces whose on_bounced hooks have not all returned yet. Written in the transaction that
+-- fails the job, deleted once the hooks ran; recovery runs the hooks again for what is left.
+CREATE TABLE pending_bounces (
+    job_id         bigint PRIMARY KEY,
+    broadcast_id   bigint NOT NULL,
+    campaign_id    bigint,
+    email          text NOT NULL,
+    code           integer,
+    enhanced_code  text,
+    diagnostic     text,
+    node_id        uuid,
+    created_at     timestamptz NOT NULL DEFAULT now()
+);
 
 CREATE TABLE suppressions (
     id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -125,6 +157,7 @@ CREATE TABLE delivery_attempts (
     broadcast_id   bigint NOT NULL,
     attempt        integer NOT NULL,
     node           text,
+    node_id        uuid,
     started_at     timestamptz,
     finished_at    timestamptz NOT NULL DEFAULT now(),
     outcome        text NOT NULL,
@@ -132,7 +165,10 @@ CREATE TABLE delivery_attempts (
     phase          text,
     smtp_code      integer,
     enhanced_code  text,
-    message        text
+    message        text,
+    provider_message_id  text,
+    -- the worker had lost its claim when it recorded this (another node had taken the job)
+    claim_lost     boolean NOT NULL DEFAULT false
 );
 CREATE INDEX delivery_attempts_job_idx ON delivery_attempts (job_id);
 CREATE INDEX delivery_attempts_broadcast_idx ON delivery_attempts (broadcast_id);

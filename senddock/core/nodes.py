@@ -1,0 +1,135 @@
+"""A node: one incarnation of `senddock run`, and its lifeline to the database.
+
+The lifeline is one dedicated, unpooled connection that holds the incarnation's session advisory
+lock (so others can prove it dead), heartbeats, and LISTENs for new work. Workers ask it whether
+the node may still send: a node cut off from Postgres stops sending before anyone can take its jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+import structlog
+
+from senddock.config import Config
+from senddock.core.db import Database
+from senddock.core.queries import query
+
+log = structlog.get_logger(__name__)
+
+# First key of every node's advisory lock: pg_advisory_lock(LOCK_CLASS, nodes.lock_id).
+LOCK_CLASS = 0x5E4D
+NOTIFY_CHANNEL = "senddock_jobs"
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    id: uuid.UUID
+    name: str
+    host: str
+    pid: int
+
+    @classmethod
+    def new(cls, name: str) -> NodeIdentity:
+        return cls(id=uuid.uuid4(), name=name, host=socket.gethostname(), pid=os.getpid())
+
+
+class Lifeline(threading.Thread):
+    """Keeps the node's lock, heartbeat and LISTEN alive; reconnects with backoff when Postgres goes away."""
+
+    def __init__(self, config: Config, db: Database, node: NodeIdentity, wake: Callable[[], None]) -> None:
+        super().__init__(name="senddock-lifeline", daemon=True)
+        self._config = config
+        self._db = db
+        self._node = node
+        self._wake = wake
+        self._heartbeat = config.recovery.heartbeat
+        self._lease = config.recovery.lease
+        self._stop_event = threading.Event()
+        self._last_ok = time.monotonic()  # the node registered just before the lifeline starts
+        self.lock_id: int | None = None
+        self.registered = threading.Event()
+        self.error: BaseException | None = None
+
+    # -- what workers ask ----------------------------------------------------------------------
+
+    def may_send(self) -> bool:
+        """False once the last good heartbeat is older than the lease minus two heartbeats.
+
+        By then another node may soon take this node's jobs; stopping first keeps a message from
+        being sent twice. Measured on the monotonic clock, immune to wall-clock jumps.
+        """
+        return time.monotonic() - self._last_ok < self._lease - 2 * self._heartbeat
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = 0.1
+        while not self._stop_event.is_set():
+            try:
+                with self._connect() as conn:
+                    backoff = 0.1
+                    self._serve(conn)
+            except (psycopg.Error, OSError) as exc:
+                if self._stop_event.is_set():
+                    break
+                log.warning("lifeline_lost", error=str(exc).strip().splitlines()[-1:] or repr(exc), retry_in=backoff)
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, self._heartbeat)
+            except BaseException as exc:  # registration failed for good: the runner reports it
+                self.error = exc
+                self.registered.set()
+                return
+
+    def _connect(self) -> psycopg.Connection:
+        dsn = self._config.database.direct_dsn
+        if dsn:
+            return psycopg.connect(dsn, **self._db.connect_kwargs(), options="-c statement_timeout=0")
+        return self._db.connect(application_name=f"senddock-lifeline {self._node.name}")
+
+    def _serve(self, conn: psycopg.Connection) -> None:
+        if self.lock_id is None:
+            self.lock_id = conn.execute(
+                query("node_register"),
+                {"node_id": self._node.id, "name": self._node.name, "host": self._node.host, "pid": self._node.pid},
+            ).fetchone()[0]
+        self._take_lock(conn)
+        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        self._beat(conn)
+        self.registered.set()
+        log.info("lifeline_up", node=self._node.name, node_id=str(self._node.id), lock_id=self.lock_id)
+        self._wake()  # work may have arrived while we were away
+        next_beat = time.monotonic() + self._heartbeat
+        while not self._stop_event.is_set():
+            timeout = max(0.0, min(next_beat - time.monotonic(), 0.5))
+            woke = False
+            for _ in conn.notifies(timeout=timeout, stop_after=1):
+                woke = True
+            if woke:
+                self._wake()
+            if time.monotonic() >= next_beat:
+                self._beat(conn)
+                next_beat = time.monotonic() + self._heartbeat
+        conn.execute(query("node_stopped"), {"node_id": self._node.id})
+
+    def _take_lock(self, conn: psycopg.Connection) -> None:
+        """After a reconnect the old session may linger on the server for a moment: wait for it."""
+        deadline = time.monotonic() + self._lease
+        while not conn.execute(query("node_lock"), {"lock_class": LOCK_CLASS, "lock_id": self.lock_id}).fetchone()[0]:
+            if time.monotonic() > deadline or self._stop_event.is_set():
+                raise psycopg.OperationalError("the node's lifeline lock is still held by an old session")
+            time.sleep(0.2)
+
+    def _beat(self, conn: psycopg.Connection) -> None:
+        conn.execute(query("node_heartbeat"), {"node_id": self._node.id})
+        self._last_ok = time.monotonic()

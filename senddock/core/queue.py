@@ -1,0 +1,172 @@
+"""The queue layer: every read and write of broadcast_jobs the engine makes, one method per query."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row, dict_row
+
+from senddock.core.nodes import LOCK_CLASS, NodeIdentity
+from senddock.core.queries import query
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    id: int
+    broadcast_id: int
+    campaign_id: int
+    subscriber_id: int
+    email: str
+    name: str
+    attributes: dict[str, Any]
+    attempts: int
+    claim_token: uuid.UUID | None
+    first_attempt_at: datetime | None
+    suppressed: bool
+    started: bool
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """What the worker commits for one send."""
+
+    status: str  # the job's new status: sent, retry, failed, or pending/retry when put back (pause)
+    outcome: str  # for the delivery log: sent, retry, bounce, fail, pause
+    counts: bool  # whether this attempt counts against the recipient
+    delay: float | None = None
+    failure_reason: str | None = None
+    last_result: str = ""
+    in_doubt: bool = False
+    phase: str | None = None
+    code: int | None = None
+    enhanced_code: str | None = None
+    provider_message_id: str | None = None
+    ok: bool = False  # the transport reported the message accepted
+    bounce: bool = False
+
+
+@dataclass(frozen=True)
+class Recorded:
+    recorded: bool  # False: the claim was lost, the job's state was not ours to change
+    late_sent: bool  # the claim was lost but the delivered message was marked sent
+    next_started: bool  # the next job's start is durable; False: its claim was lost
+    next_campaign_status: str | None
+
+
+@dataclass(frozen=True)
+class RecoveredJob:
+    id: int
+    broadcast_id: int
+    email: str
+    status: str
+    failure_reason: str | None
+    in_doubt: bool
+    dead_node: str | None
+
+
+class Queue:
+    """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
+
+    def __init__(self, conn: psycopg.Connection, node: NodeIdentity) -> None:
+        self.conn = conn
+        self.node = node
+
+    def claim(self, limit: int) -> list[ClaimedJob]:
+        with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
+            jobs = cur.execute(query("jobs_claim"), {"limit": limit, "node_id": self.node.id}).fetchall()
+        return sorted(jobs, key=lambda j: j.id)
+
+    def record(
+        self,
+        job: ClaimedJob,
+        attempt: int,
+        started_at: datetime | None,
+        result: JobResult,
+        next_job: ClaimedJob | None,
+    ) -> Recorded:
+        params = {
+            "job_id": job.id,
+            "claim_token": job.claim_token,
+            "broadcast_id": job.broadcast_id,
+            "campaign_id": job.campaign_id,
+            "email": job.email,
+            "attempt": attempt,
+            "status": result.status,
+            "counts": int(result.counts),
+            "delay": result.delay,
+            "failure_reason": result.failure_reason,
+            "last_result": result.last_result[:2000],
+            "provider_message_id": result.provider_message_id,
+            "ok": result.ok,
+            "node": self.node.name,
+            "node_id": self.node.id,
+            "started_at": started_at,
+            "outcome": result.outcome,
+            "in_doubt": result.in_doubt,
+            "phase": result.phase,
+            "code": result.code,
+            "enhanced_code": result.enhanced_code,
+            "bounce": result.bounce,
+            "next_job_id": next_job.id if next_job else None,
+            "next_claim_token": next_job.claim_token if next_job else None,
+            "next_campaign_id": next_job.campaign_id if next_job else None,
+        }
+        with self.conn.cursor(row_factory=class_row(Recorded)) as cur:
+            return cur.execute(query("job_record_result"), params).fetchone()
+
+    def start(self, job: ClaimedJob) -> str | None:
+        """Make the start of a send durable; returns the campaign's status, None if the claim was lost."""
+        row = self.conn.execute(
+            query("job_start"), {"job_id": job.id, "claim_token": job.claim_token, "campaign_id": job.campaign_id}
+        ).fetchone()
+        return row[0] if row else None
+
+    def release(self, jobs: Sequence[ClaimedJob]) -> int:
+        if not jobs:
+            return 0
+        rows = self.conn.execute(
+            query("jobs_release"),
+            {"job_ids": [j.id for j in jobs], "claim_tokens": [j.claim_token for j in jobs]},
+        ).fetchall()
+        return len(rows)
+
+    def recover(self, *, lease: float, in_doubt: str, max_rescues: int) -> list[RecoveredJob]:
+        params = {
+            "node_id": self.node.id,
+            "name": self.node.name,
+            "lease": lease,
+            "in_doubt": in_doubt,
+            "max_rescues": max_rescues,
+            "lock_class": LOCK_CLASS,
+        }
+        with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
+            return cur.execute(query("jobs_recover"), params).fetchall()
+
+    def pause_campaign(self, campaign_id: int, reason: str) -> bool:
+        return self.conn.execute(query("campaign_pause"), {"campaign_id": campaign_id, "reason": reason}).fetchone() is not None
+
+    def finish_campaigns(self, broadcast_id: int | None = None) -> list[tuple[int, int]]:
+        with self.conn.transaction():
+            finished = self.conn.execute(query("campaigns_finish"), {"broadcast_id": broadcast_id}).fetchall()
+            if finished:
+                self.conn.execute(query("broadcasts_finished_mark"), {"broadcast_ids": [b for _, b in finished]})
+        return finished
+
+    def due_work_exists(self) -> bool:
+        return self.conn.execute(query("due_work_exists")).fetchone()[0]
+
+    def pending_bounces(self, lease: float) -> list[dict[str, Any]]:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(query("bounces_pending"), {"node_id": self.node.id, "lease": lease}).fetchall()
+
+    def bounce_done(self, job_id: int) -> None:
+        self.conn.execute(query("bounce_done"), {"job_id": job_id})
+
+    def campaign_content(self, campaign_id: int) -> dict[str, Any] | None:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(query("campaign_content"), {"campaign_id": campaign_id}).fetchone()

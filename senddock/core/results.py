@@ -1,0 +1,97 @@
+"""From a send to what is committed: capture the send as a value, classify it, compute the backoff.
+
+No exception from a plugin crosses this module: a raising transport is a failed SendResult, a
+raising classifier or backoff plugin falls back to the built-in default, logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+import pluggy
+import structlog
+
+from senddock import defaults
+from senddock.config import Config
+from senddock.core.queue import JobResult
+from senddock.outcome import Classification, Message, Outcome, RetryDecision, SendResult
+
+log = structlog.get_logger(__name__)
+
+
+def send(pm: pluggy.PluginManager, config: Config, message: Message, worker_state: MutableMapping[str, Any]) -> SendResult:
+    try:
+        result = pm.hook.send_message(
+            message=message, transport=config.transport, config=config, worker_state=worker_state
+        )
+    except BaseException as exc:  # noqa: BLE001 - captured as a value, classified like any result
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return SendResult.from_exception(config.transport, exc)
+    if result is None:
+        return SendResult(config.transport, ok=False, text=f"no plugin answered send_message for transport {config.transport!r}",
+                          phase="no_transport")
+    return result
+
+
+def classify(pm: pluggy.PluginManager, config: Config, result: SendResult, message: Message) -> Classification:
+    if result.phase == "no_transport" and not result.ok:
+        return Classification(Outcome.PAUSE, "no_transport")
+    try:
+        verdict = pm.hook.classify_result(result=result, message=message, config=config)
+    except Exception as exc:
+        log.error("plugin_failed", hook="classify_result", error=repr(exc), job_id=message.job_id)
+        verdict = None
+    return verdict or defaults.classify_result(result=result)
+
+
+def backoff(pm: pluggy.PluginManager, config: Config, attempt: int, verdict: Classification, age: float) -> RetryDecision:
+    try:
+        decision = pm.hook.compute_backoff(attempt=attempt, classification=verdict, age=age, config=config)
+    except Exception as exc:
+        log.error("plugin_failed", hook="compute_backoff", error=repr(exc))
+        decision = None
+    return decision or defaults.compute_backoff(attempt=attempt, classification=verdict, age=age, config=config)
+
+
+def job_result(
+    pm: pluggy.PluginManager,
+    config: Config,
+    result: SendResult,
+    verdict: Classification,
+    *,
+    attempt: int,
+    age: float,
+    attempts_before: int,
+) -> JobResult:
+    """The job's next state for this classification."""
+    common: dict[str, Any] = {
+        "last_result": _describe(result),
+        "in_doubt": verdict.in_doubt or result.may_have_sent,
+        "phase": result.phase,
+        "code": result.code,
+        "enhanced_code": result.enhanced_code,
+        "provider_message_id": result.provider_message_id,
+        "ok": result.ok,
+    }
+    outcome = verdict.outcome
+    if outcome is Outcome.SENT:
+        return JobResult(status="sent", outcome="sent", counts=True, **common)
+    if outcome is Outcome.BOUNCE:
+        return JobResult(status="failed", outcome="bounce", counts=True, failure_reason="bounced", bounce=True, **common)
+    if outcome is Outcome.FAIL:
+        return JobResult(status="failed", outcome="fail", counts=True, failure_reason=verdict.reason, **common)
+    if outcome is Outcome.PAUSE:
+        # Not the recipient's fault: the attempt does not count, the job goes back as it was.
+        return JobResult(status="pending" if attempts_before == 0 else "retry", outcome="pause", counts=False, **common)
+    decision = backoff(pm, config, attempt, verdict, age)
+    if decision.stop:
+        return JobResult(status="failed", outcome="retry", counts=True, failure_reason=decision.reason, **common)
+    return JobResult(status="retry", outcome="retry", counts=True, delay=decision.delay, **common)
+
+
+def _describe(result: SendResult) -> str:
+    parts = [str(p) for p in (result.code, result.enhanced_code) if p]
+    text = result.text.strip()
+    return " ".join(parts + ([text] if text else [])) or ("accepted" if result.ok else "failed")

@@ -1,0 +1,198 @@
+"""`senddock run`: one node with its lifeline, its workers, and the periodic chores.
+
+Start: register the node and take its lock, recover at once what earlier incarnations of this
+node's name left behind, start the workers. Every poll interval: recover the jobs of nodes whose
+lease ran out, re-run bounce hooks that did not complete, finish campaigns with nothing left.
+Stop (SIGTERM, Ctrl-C, or idle with --exit-when-idle): stop claiming, let in-flight sends finish
+within the shutdown timeout, put claimed-but-unstarted jobs back, mark the node stopped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import psycopg
+import structlog
+
+from senddock.config import Config
+from senddock.core.db import Database
+from senddock.core.nodes import Lifeline, NodeIdentity
+from senddock.core.queue import JobResult, Queue
+from senddock.core.suppressions import Suppressions
+from senddock.core.worker import Worker
+from senddock.errors import DatabaseError
+from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef, Outcome
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class RunStats:
+    counts: Counter = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[what] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+class Runner:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        db: Database | None = None,
+        workers: int | None = None,
+        node_name: str | None = None,
+        exit_when_idle: bool = False,
+    ) -> None:
+        self.config = config
+        self.pm = config.plugin_manager
+        self.db = db or Database(config.database, application_name="senddock-run")
+        self.node = NodeIdentity.new(node_name or config.node_name)
+        self.worker_count = workers or config.workers
+        self.exit_when_idle = exit_when_idle
+        self.stopping = threading.Event()
+        self.stats = RunStats()
+        self.suppressions = Suppressions(self.db)
+        self._wake = threading.Condition()
+        self._failures: Counter = Counter()
+        self._failures_lock = threading.Lock()
+        self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
+        self.workers: list[Worker] = []
+
+    # -- shared with workers -------------------------------------------------------------------
+
+    def wake_workers(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    def wait_for_work(self) -> None:
+        with self._wake:
+            if not self.stopping.is_set():
+                self._wake.wait(self.config.poll_interval)
+
+    def finish_campaigns(self, queue: Queue, broadcast_ids: Iterable[int] | None = None) -> None:
+        targets = list(broadcast_ids) if broadcast_ids is not None else [None]
+        for broadcast_id in targets:
+            for campaign_id, finished_broadcast in queue.finish_campaigns(broadcast_id):
+                log.info("campaign_finished", campaign_id=campaign_id, broadcast_id=finished_broadcast)
+
+    def pause_campaign(self, campaign_id: int, reason: str) -> None:
+        with self.db.connection() as conn:
+            if Queue(conn, self.node).pause_campaign(campaign_id, reason):
+                log.warning("campaign_paused", campaign_id=campaign_id, reason=reason)
+        with self._failures_lock:
+            self._failures.pop(campaign_id, None)
+
+    def track_failures(self, campaign_id: int, verdict: Classification, outcome: JobResult) -> None:
+        """Pause a campaign after too many failures in a row that no recipient caused."""
+        not_about_recipient = verdict.outcome in (Outcome.RETRY, Outcome.FAIL) and not verdict.about_recipient
+        with self._failures_lock:
+            if not not_about_recipient:
+                self._failures.pop(campaign_id, None)
+                return
+            self._failures[campaign_id] += 1
+            reached = self._failures[campaign_id] >= self.config.max_consecutive_failures
+        if reached:
+            self.pause_campaign(
+                campaign_id, f"{self.config.max_consecutive_failures} consecutive failures: {verdict.reason}"
+            )
+
+    def run_bounce_hooks(self, bounce: Bounce) -> bool:
+        """on_bounced for every plugin, outside any transaction; the pending row goes once all returned."""
+        try:
+            self.pm.hook.on_bounced(bounce=bounce, suppressions=self.suppressions, config=self.config)
+        except Exception as exc:
+            log.error("plugin_failed", hook="on_bounced", error=repr(exc), email=bounce.email)
+            return False
+        if bounce.job is not None:
+            with self.db.connection() as conn:
+                Queue(conn, self.node).bounce_done(bounce.job.job_id)
+        return True
+
+    # -- the node --------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+        self.wake_workers()
+
+    def run(self) -> dict[str, int]:
+        started = time.monotonic()
+        self.lifeline.start()
+        if not self.lifeline.registered.wait(self.config.database.connect_timeout + 5) or self.lifeline.error:
+            self.lifeline.stop()
+            raise DatabaseError(f"cannot register the node: {self.lifeline.error or 'the database did not answer'}")
+        log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
+                 workers=self.worker_count, transport=self.config.transport)
+        self._chores()  # recover earlier incarnations of this node at once, before any claim
+        self.workers = [Worker(self, i) for i in range(self.worker_count)]
+        for worker in self.workers:
+            worker.start()
+        try:
+            while not self.stopping.wait(self.config.poll_interval):
+                self._chores()
+                if self.exit_when_idle and self._idle():
+                    log.info("node_idle")
+                    break
+        finally:
+            self._shutdown()
+        summary = {**self.stats.snapshot(), "seconds": round(time.monotonic() - started, 1)}
+        log.info("node_stopped", node=self.node.name, node_id=str(self.node.id), **summary)
+        return summary
+
+    def _chores(self) -> None:
+        try:
+            with self.db.connection() as conn:
+                queue = Queue(conn, self.node)
+                recovery = self.config.recovery
+                while True:
+                    recovered = queue.recover(
+                        lease=recovery.lease, in_doubt=recovery.in_doubt, max_rescues=recovery.max_rescues
+                    )
+                    for job in recovered:
+                        log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
+                                    in_doubt=job.in_doubt, failure_reason=job.failure_reason, dead_node=job.dead_node)
+                    self.stats.count("recovered", len(recovered))
+                    if len(recovered) < 1000:
+                        break
+                if recovered:
+                    self.wake_workers()
+                for row in queue.pending_bounces(recovery.lease):
+                    self.run_bounce_hooks(Bounce(
+                        email=row["email"], kind=BounceKind.BOUNCE, source=BounceSource.TRANSPORT, code=row["code"],
+                        enhanced_code=row["enhanced_code"], diagnostic=row["diagnostic"] or "",
+                        job=JobRef(row["job_id"], row["broadcast_id"], row["campaign_id"]),
+                    ))
+                self.finish_campaigns(queue)
+        except psycopg.OperationalError as exc:
+            log.warning("chores_db_lost", error=str(exc).strip().splitlines()[-1:])
+
+    def _idle(self) -> bool:
+        if any(w.busy for w in self.workers):
+            return False
+        try:
+            with self.db.connection() as conn:
+                return not Queue(conn, self.node).due_work_exists() and not any(w.busy for w in self.workers)
+        except psycopg.OperationalError:
+            return False
+
+    def _shutdown(self) -> None:
+        self.request_stop()
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        for worker in self.workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        stuck = [w.name for w in self.workers if w.is_alive()]
+        if stuck:
+            log.error("shutdown_timeout", workers=stuck)
+        self.lifeline.stop()
+        self.lifeline.join(5)
+        self.db.close()

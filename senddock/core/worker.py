@@ -1,0 +1,196 @@
+"""A worker thread: claim a small batch, send each job, commit each result with the next job's start.
+
+Per job the database sees one statement (result + attempt row + next start mark, one commit); per
+batch one claim. No transaction is open while a message is being sent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import structlog
+
+from senddock import mime
+from senddock.core import results
+from senddock.core.queue import ClaimedJob, JobResult, Queue
+from senddock.outcome import Bounce, BounceKind, BounceSource, CampaignContent, JobRef, Message, Recipient
+
+if TYPE_CHECKING:
+    from senddock.core.runner import Runner
+
+log = structlog.get_logger(__name__)
+
+
+class Worker(threading.Thread):
+    def __init__(self, runner: Runner, index: int) -> None:
+        super().__init__(name=f"senddock-worker-{index}", daemon=True)
+        self.runner = runner
+        self.index = index
+        self.busy = False
+        self._state: dict[str, Any] = {}
+        self._campaigns: dict[int, CampaignContent] = {}
+
+    def run(self) -> None:
+        runner = self.runner
+        backoff = 0.1
+        try:
+            while not runner.stopping.is_set():
+                try:
+                    with runner.db.connection() as conn:
+                        backoff = 0.1
+                        self._loop(Queue(conn, runner.node))
+                except psycopg.OperationalError as exc:
+                    self.busy = False
+                    log.warning("worker_db_lost", worker=self.index, error=_last_line(exc), retry_in=backoff)
+                    runner.stopping.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+        finally:
+            self.busy = False
+            try:
+                runner.pm.hook.worker_stopped(worker_state=self._state, config=runner.config)
+            except Exception as exc:
+                log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _loop(self, queue: Queue) -> None:
+        runner = self.runner
+        while not runner.stopping.is_set():
+            if not runner.lifeline.may_send():
+                runner.wait_for_work()  # self-fenced: no claims until the heartbeat is back
+                continue
+            self.busy = True
+            try:
+                batch = queue.claim(runner.config.claim_batch)
+                for job in batch:
+                    if job.suppressed:
+                        log.info("job_suppressed", job_id=job.id, broadcast_id=job.broadcast_id)
+                live = [j for j in batch if not j.suppressed]
+                if live:
+                    self._send_batch(queue, live)
+                if len(batch) < runner.config.claim_batch:
+                    # The queue is running dry: the last results may have finished a campaign.
+                    runner.finish_campaigns(queue, {j.broadcast_id for j in batch})
+            finally:
+                self.busy = False
+            if not batch:
+                runner.wait_for_work()
+
+    def _send_batch(self, queue: Queue, jobs: list[ClaimedJob]) -> None:
+        runner = self.runner
+        pending = list(jobs)
+        job = pending.pop(0)
+        started = job.started
+        while job is not None:
+            if not started:
+                status = queue.start(job)
+                if status is None:  # the claim was lost (recovered by another node): not ours to send
+                    job = pending.pop(0) if pending else None
+                    continue
+                if status != "sending":
+                    queue.release([job, *pending])
+                    return
+            if runner.stopping.is_set() or not runner.lifeline.may_send():
+                queue.release([job, *pending])
+                return
+            next_job = pending.pop(0) if pending else None
+            recorded, outcome = self._send_one(queue, job, next_job)
+            if next_job is not None and (outcome.outcome == "pause" or recorded.next_campaign_status != "sending"):
+                # Paused or cancelled meanwhile: what is claimed but not started goes back.
+                queue.release([next_job, *pending])
+                return
+            job, started = next_job, recorded.next_started
+
+    def _send_one(self, queue: Queue, job: ClaimedJob, next_job: ClaimedJob | None):
+        runner = self.runner
+        message = self._message(queue, job)
+        started_at = datetime.now(timezone.utc)
+        result = results.send(runner.pm, runner.config, message, self._state)
+        verdict = results.classify(runner.pm, runner.config, result, message)
+        age = (started_at - (job.first_attempt_at or started_at)).total_seconds()
+        outcome = results.job_result(
+            runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts
+        )
+        recorded = self._record(queue, job, started_at, outcome, next_job)
+        self._after(job, verdict, outcome, recorded)
+        return recorded, outcome
+
+    def _record(self, queue: Queue, job: ClaimedJob, started_at: datetime, outcome: JobResult, next_job: ClaimedJob | None):
+        """Commit the result; if the connection breaks, keep it and try again on a new one."""
+        attempt = job.attempts + (1 if outcome.counts else 0)
+        try:
+            return queue.record(job, attempt, started_at, outcome, next_job)
+        except psycopg.OperationalError as exc:
+            log.warning("result_commit_failed", job_id=job.id, error=_last_line(exc))
+        deadline = time.monotonic() + self.runner.config.recovery.lease
+        delay = 0.2
+        while True:
+            try:
+                with self.runner.db.connection() as conn:
+                    return Queue(conn, self.runner.node).record(job, attempt, started_at, outcome, next_job)
+            except psycopg.OperationalError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("result_commit_failed", job_id=job.id, error=_last_line(exc), retry_in=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _after(self, job: ClaimedJob, verdict, outcome: JobResult, recorded) -> None:
+        runner = self.runner
+        log.info(
+            "send_attempt",
+            job_id=job.id,
+            broadcast_id=job.broadcast_id,
+            attempt=job.attempts + 1,
+            outcome=outcome.outcome if recorded.recorded else ("sent" if recorded.late_sent else "claim_lost"),
+            code=outcome.code,
+            enhanced_code=outcome.enhanced_code,
+            reason=verdict.reason,
+            retry_in=round(outcome.delay, 1) if outcome.delay is not None else None,
+            in_doubt=outcome.in_doubt or None,
+        )
+        runner.stats.count(outcome.outcome if recorded.recorded else "claim_lost")
+        if not recorded.recorded:
+            return
+        if outcome.bounce:
+            runner.run_bounce_hooks(
+                Bounce(
+                    email=job.email,
+                    kind=BounceKind.BOUNCE,
+                    source=BounceSource.TRANSPORT,
+                    code=outcome.code,
+                    enhanced_code=outcome.enhanced_code,
+                    diagnostic=outcome.last_result,
+                    job=JobRef(job.id, job.broadcast_id, job.campaign_id),
+                )
+            )
+        if outcome.outcome == "pause":
+            runner.pause_campaign(job.campaign_id, verdict.reason)
+        else:
+            runner.track_failures(job.campaign_id, verdict, outcome)
+
+    def _message(self, queue: Queue, job: ClaimedJob) -> Message:
+        content = self._campaigns.get(job.campaign_id)
+        if content is None:
+            row = queue.campaign_content(job.campaign_id)
+            content = CampaignContent(**row)
+            self._campaigns[job.campaign_id] = content
+        message = Message(
+            job_id=job.id,
+            broadcast_id=job.broadcast_id,
+            attempt=job.attempts + 1,
+            recipient=Recipient(job.email, job.name, job.attributes, job.subscriber_id),
+            campaign=content,
+            message_id="",
+        )
+        return replace(message, message_id=mime.message_id(message))
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[-1] if lines else type(exc).__name__

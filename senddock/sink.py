@@ -1,0 +1,166 @@
+"""A development SMTP server (aiosmtpd) that accepts mail, prints a line per message, can save .eml
+files, and answers chosen addresses with chosen replies. Used by `senddock sink`, the demo and tests."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from email import message_from_bytes
+from email.policy import default as default_policy
+from pathlib import Path
+
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session, SMTP
+
+_REPLY = re.compile(r"^[245]\d\d( .*)?$")
+
+
+@dataclass(frozen=True)
+class FailRule:
+    """``PATTERN=REPLY``: recipients matching PATTERN get REPLY at RCPT TO. ``mail:PATTERN`` matches
+    the envelope sender at MAIL FROM, ``data:PATTERN`` a recipient at the end of DATA."""
+
+    phase: str
+    pattern: str
+    reply: str
+
+    @classmethod
+    def parse(cls, text: str) -> FailRule:
+        pattern, sep, reply = text.partition("=")
+        reply = reply.strip()
+        if not sep or not pattern.strip() or not _REPLY.match(reply):
+            raise ValueError(f"--fail {text!r}: expected PATTERN=REPLY, e.g. 'bounce*@*=550 5.1.1 no such user'")
+        phase, colon, rest = pattern.partition(":")
+        if colon and phase in ("mail", "rcpt", "data"):
+            return cls(phase, rest.strip().lower(), reply)
+        return cls("rcpt", pattern.strip().lower(), reply)
+
+    def matches(self, phase: str, address: str) -> bool:
+        return phase == self.phase and fnmatch.fnmatchcase(address.lower(), self.pattern)
+
+
+@dataclass(frozen=True)
+class Received:
+    sender: str
+    recipients: tuple[str, ...]
+    message_id: str
+    subject: str
+    data: bytes
+
+
+@dataclass
+class SinkHandler:
+    rules: Sequence[FailRule] = ()
+    save_dir: Path | None = None
+    on_message: Callable[[Received], None] | None = None
+    received: list[Received] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _rule(self, phase: str, address: str) -> str | None:
+        return next((r.reply for r in self.rules if r.matches(phase, address)), None)
+
+    async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope, address: str, options) -> str:
+        reply = self._rule("mail", address)
+        if reply:
+            return reply
+        envelope.mail_from = address
+        envelope.mail_options.extend(options)
+        return "250 OK"
+
+    async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str, options) -> str:
+        reply = self._rule("rcpt", address)
+        if reply:
+            return reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        for address in envelope.rcpt_tos:
+            reply = self._rule("data", address)
+            if reply:
+                return reply
+        data = envelope.original_content or envelope.content
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        parsed = message_from_bytes(data, policy=default_policy)
+        received = Received(
+            sender=envelope.mail_from or "",
+            recipients=tuple(envelope.rcpt_tos),
+            message_id=str(parsed.get("Message-ID", "")),
+            subject=str(parsed.get("Subject", "")),
+            data=data,
+        )
+        with self._lock:
+            self.received.append(received)
+            index = len(self.received)
+        if self.save_dir is not None:
+            (self.save_dir / f"{index:06d}.eml").write_bytes(data)
+        if self.on_message is not None:
+            self.on_message(received)
+        return "250 2.0.0 Message accepted for delivery"
+
+    def snapshot(self) -> list[Received]:
+        with self._lock:
+            return list(self.received)
+
+
+class Sink:
+    """An SMTP server in a background thread: ``with Sink(port=0) as sink: ... sink.port``."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 1025,
+        *,
+        rules: Sequence[FailRule] = (),
+        save_dir: Path | None = None,
+        on_message: Callable[[Received], None] | None = None,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
+        self.handler = SinkHandler(rules=rules, save_dir=save_dir, on_message=on_message)
+        self.host = host
+        self._port = port
+        kwargs = {}
+        if credentials is not None:
+            expected = (credentials[0].encode(), credentials[1].encode())
+
+            def authenticate(server, session, envelope, mechanism, auth_data) -> AuthResult:
+                ok = isinstance(auth_data, LoginPassword) and (auth_data.login, auth_data.password) == expected
+                return AuthResult(success=ok, handled=False)
+
+            kwargs = {"authenticator": authenticate, "auth_require_tls": False, "auth_required": True}
+        if save_dir is not None:
+            save_dir.mkdir(parents=True, exist_ok=True)
+        self._controller = Controller(self.handler, hostname=host, port=port or _free_port(host), **kwargs)
+
+    @property
+    def port(self) -> int:
+        return self._controller.port
+
+    @property
+    def received(self) -> list[Received]:
+        return self.handler.snapshot()
+
+    def start(self) -> Sink:
+        self._controller.start()
+        return self
+
+    def stop(self) -> None:
+        self._controller.stop()
+
+    def __enter__(self) -> Sink:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
