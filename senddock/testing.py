@@ -5,13 +5,16 @@ Enable with ``pytest_plugins = ["senddock.testing"]`` in a ``conftest.py``. The 
 test gets its own database, created from a template that has senddock's schema already migrated
 (``CREATE DATABASE ... TEMPLATE``: fast, and tests cannot see each other's rows).
 
-Fixtures: ``postgres_server_dsn`` (session), ``database_dsn``, ``make_config``, ``senddock_app``.
+Fixtures: ``postgres_server_dsn`` (session), ``database_dsn``, ``make_config``, ``senddock_app``,
+``smtp_sink``. Helpers: :func:`drain` runs broadcasts to the end in-process; :func:`fast_settings`
+gives timings short enough for tests.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -120,3 +123,55 @@ def senddock_app(make_config: Callable[..., Config]) -> Iterator[Any]:
     finally:
         app.close()
 
+
+
+@pytest.fixture
+def smtp_sink() -> Iterator[Any]:
+    """A real SMTP server (aiosmtpd) on 127.0.0.1 and a free port; ``smtp_sink.received`` lists messages."""
+    from senddock.sink import Sink
+
+    with Sink("127.0.0.1", 0) as sink:
+        yield sink
+
+
+def fast_settings(smtp_port: int | None = None, **overrides: Any) -> dict[str, Any]:
+    """Config with test-sized timings: 1s retries, a 200ms heartbeat, a 1s lease, 100ms polls."""
+    settings: dict[str, Any] = {
+        "retry": {"schedule": ["1s"], "max_retries": 2, "jitter": 0},
+        "recovery": {"heartbeat": "200ms", "lease": "1s"},
+        "poll_interval": "100ms",
+        "shutdown_timeout": "10s",
+        "logging": {"level": "warning"},
+    }
+    if smtp_port is not None:
+        settings["smtp"] = {"host": "127.0.0.1", "port": smtp_port, "timeout": "5s"}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(settings.get(key), dict):
+            settings[key] = {**settings[key], **value}
+        else:
+            settings[key] = value
+    return settings
+
+
+def drain(config: Config, *, timeout: float = 60, workers: int | None = None, node_name: str | None = None) -> dict[str, int]:
+    """Run a node until no campaign is left sending (or ``timeout``); returns the summed run stats."""
+    from senddock.core.runner import Runner
+
+    totals: dict[str, int] = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = Runner(config, workers=workers, node_name=node_name, exit_when_idle=True).run()
+        for key, value in stats.items():
+            totals[key] = totals.get(key, 0) + value
+        if not _campaigns_sending(config):
+            return totals
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"broadcasts still sending after {timeout}s (stats: {totals})")
+        time.sleep(0.1)
+
+
+def _campaigns_sending(config: Config) -> bool:
+    from senddock.core.db import resolve_dsn
+
+    with psycopg.connect(resolve_dsn(config.database)) as conn:
+        return conn.execute("SELECT EXISTS (SELECT 1 FROM campaigns WHERE status = 'sending')").fetchone()[0]

@@ -10,3 +10,34 @@ def senddock_executable() -> str:
     """The installed console script next to this interpreter."""
     candidate = Path(sys.executable).with_name("senddock")
     return str(candidate) if candidate.exists() else "senddock"
+
+
+def make_broadcast(app, emails, *, list_name: str = "news", send: bool = True, name: str = "Launch") -> int:
+    """A list with ``emails``, a text campaign to it, sent (enqueued) unless ``send`` is False."""
+    from senddock.errors import InvalidInput
+
+    try:
+        app.create_list(list_name)
+    except InvalidInput:
+        pass  # the list exists already
+    for email in emails:
+        app.add_subscriber(email, lists=[list_name])
+    campaign_id = app.create_campaign(name=name, lists=[list_name], subject="Hello", from_addr="News <news@example.com>",
+                                      text_body="Hello there")
+    if send:
+        app.send_campaign(campaign_id)
+    return campaign_id
+
+
+def jobs_by_email(app, campaign_id: int) -> dict[str, tuple]:
+    """email -> (status, failure_reason, attempts) of the campaign's jobs."""
+    with app.db.connection() as conn:
+        rows = conn.execute(
+            "SELECT j.email, j.status, j.failure_reason, j.attempts FROM broadcast_jobs j "
+            "JOIN campaigns c ON c.broadcast_id = j.broadcast_id WHERE c.id = %s", (campaign_id,)).fetchall()
+    return {r[0]: r[1:] for r in rows}
+
+
+def suppressed(app) -> dict[str, str]:
+    with app.db.connection() as conn:
+        return dict(conn.execute("SELECT lower(email), reason FROM suppressions").fetchall())

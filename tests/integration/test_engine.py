@@ -1,0 +1,172 @@
+"""The engine end to end, in-process, through a real SMTP server (aiosmtpd) on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from senddock.api import Senddock
+from senddock.sink import FailRule
+from senddock.testing import drain, fast_settings
+from tests_support import jobs_by_email, make_broadcast, suppressed
+
+
+@pytest.fixture
+def app_for(make_config):
+    opened = []
+
+    def make(settings):
+        app = Senddock(make_config(settings))
+        opened.append(app)
+        return app
+
+    yield make
+    for app in opened:
+        app.close()
+
+
+def test_every_subscriber_receives_the_message_once(app_for, smtp_sink):
+    app = app_for(fast_settings(smtp_sink.port))
+    emails = [f"user{i}@example.com" for i in range(60)]
+    campaign_id = make_broadcast(app, emails)
+    stats = drain(app.config)
+    received = smtp_sink.received
+    assert Counter(r.recipients[0] for r in received) == Counter(emails)
+    assert len({r.message_id for r in received}) == 60
+    status = app.campaign_status(campaign_id)
+    assert (status.status, status.sent, status.failed) == ("finished", 60, 0)
+    assert stats["sent"] == 60
+    with app.db.connection() as conn:
+        attempts = conn.execute("SELECT outcome, count(*) FROM delivery_attempts GROUP BY 1").fetchall()
+        message_ids = {r[0] for r in conn.execute("SELECT DISTINCT node_id FROM delivery_attempts")}
+    assert attempts == [("sent", 60)]
+    assert len(message_ids) == 1
+
+
+def test_bounces_retries_and_sender_problems(app_for, smtp_sink):
+    smtp_sink.handler.rules = [
+        FailRule.parse("bounce*@*=550 5.1.1 no such user"),
+        FailRule.parse("gone*@*=550 mailbox does not exist"),
+        FailRule.parse("later*@*=451 4.7.1 try again"),
+        FailRule.parse("*@badsender.example=553 5.1.8 Sender address rejected: domain not found"),
+    ]
+    app = app_for(fast_settings(smtp_sink.port))
+    emails = ["ok1@example.com", "ok2@example.com", "bounce1@example.com", "gone1@example.com",
+              "later1@example.com", "x@badsender.example"]
+    campaign_id = make_broadcast(app, emails)
+    drain(app.config)
+    jobs = jobs_by_email(app, campaign_id)
+    assert jobs["ok1@example.com"] == ("sent", None, 1)
+    assert jobs["bounce1@example.com"] == ("failed", "bounced", 1)
+    assert jobs["gone1@example.com"] == ("failed", "bounced", 1)
+    assert jobs["later1@example.com"] == ("failed", "retries_exhausted", 3)  # the send plus max_retries 2
+    assert jobs["x@badsender.example"] == ("failed", "sender_rejected", 1)
+    # Only the dead mailboxes are suppressed; the sender problem suppresses nobody.
+    assert suppressed(app) == {"bounce1@example.com": "bounced", "gone1@example.com": "bounced"}
+    with app.db.connection() as conn:
+        code = conn.execute("SELECT code, diagnostic FROM suppressions WHERE email = 'bounce1@example.com'").fetchone()
+        assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)
+        retries = conn.execute("SELECT attempt, outcome, smtp_code, enhanced_code, phase FROM delivery_attempts "
+                               "WHERE job_id = (SELECT id FROM broadcast_jobs WHERE email = 'later1@example.com') "
+                               "ORDER BY attempt").fetchall()
+    assert code == ("550 5.1.1", "550 5.1.1 no such user")
+    assert retries == [(1, "retry", 451, "4.7.1", "rcpt"), (2, "retry", 451, "4.7.1", "rcpt"),
+                       (3, "retry", 451, "4.7.1", "rcpt")]
+    # The next campaign skips the bounced addresses.
+    smtp_sink.handler.rules = []
+    second = make_broadcast(app, [], name="Second")
+    assert app.campaign_status(second).skipped == 2
+
+
+def test_a_deferred_recipient_is_sent_on_retry(app_for, smtp_sink):
+    deferred_once: set[str] = set()
+    original = smtp_sink.handler.handle_RCPT
+
+    async def flaky(server, session, envelope, address, options):
+        if address.startswith("flaky") and address not in deferred_once:
+            deferred_once.add(address)
+            return "450 4.2.0 mailbox busy, try later"
+        return await original(server, session, envelope, address, options)
+
+    smtp_sink.handler.handle_RCPT = flaky
+    app = app_for(fast_settings(smtp_sink.port))
+    campaign_id = make_broadcast(app, ["flaky1@example.com", "steady@example.com"])
+    drain(app.config)
+    assert jobs_by_email(app, campaign_id) == {"flaky1@example.com": ("sent", None, 2), "steady@example.com": ("sent", None, 1)}
+    assert sorted(r.recipients[0] for r in smtp_sink.received) == ["flaky1@example.com", "steady@example.com"]
+
+
+def test_a_5xx_to_mail_from_suppresses_nobody(app_for, smtp_sink):
+    smtp_sink.handler.rules = [FailRule.parse("mail:*=550 5.7.1 sender blocked by policy")]
+    app = app_for(fast_settings(smtp_sink.port))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
+    drain(app.config)
+    assert set(jobs_by_email(app, campaign_id).values()) == {("failed", "policy_rejected", 1)}
+    assert suppressed(app) == {}
+
+
+def test_consecutive_relay_failures_pause_the_campaign_instead_of_failing_the_list(app_for, smtp_sink):
+    smtp_sink.handler.rules = [FailRule.parse("mail:*=554 5.7.1 your IP is on a block list")]
+    app = app_for(fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 5}, workers=1))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(30)])
+    drain(app.config)
+    status = app.campaign_status(campaign_id)
+    assert status.status == "paused"
+    assert status.paused_reason == "5 consecutive failures: policy_rejected"
+    assert status.failed <= 5 + app.config.claim_batch
+    assert status.pending >= 20
+    assert suppressed(app) == {}
+
+
+def test_a_relay_refusing_auth_pauses_and_resume_after_the_fix_completes(app_for, monkeypatch):
+    from senddock.sink import Sink
+
+    with Sink("127.0.0.1", 0, credentials=("mailer", "right-password")) as relay:
+        monkeypatch.setenv("SMTP_PASSWORD", "wrong-password")
+        settings = fast_settings(relay.port)
+        settings["smtp"].update(username="mailer", password="${SMTP_PASSWORD}")
+        app = app_for(settings)
+        campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(8)])
+        drain(app.config)
+        status = app.campaign_status(campaign_id)
+        assert (status.status, status.paused_reason) == ("paused", "auth_failed")
+        assert (status.sent, status.failed, status.pending) == (0, 0, 8)  # no recipient failed or suppressed
+        assert suppressed(app) == {}
+        assert relay.received == []
+
+        monkeypatch.setenv("SMTP_PASSWORD", "right-password")
+        fixed = app_for(settings)
+        fixed.resume_campaign(campaign_id)
+        drain(fixed.config)
+        assert fixed.campaign_status(campaign_id).status == "finished"
+        assert sorted(r.recipients[0] for r in relay.received) == sorted(f"user{i}@example.com" for i in range(8))
+        with fixed.db.connection() as conn:
+            assert conn.execute("SELECT max(attempts) FROM broadcast_jobs").fetchone() == (1,)
+
+
+def test_a_job_whose_address_was_suppressed_meanwhile_is_not_sent(app_for, smtp_sink):
+    app = app_for(fast_settings(smtp_sink.port))
+    campaign_id = make_broadcast(app, ["keep@example.com", "drop@example.com"])
+    app.suppress("DROP@example.com")
+    drain(app.config)
+    assert jobs_by_email(app, campaign_id)["drop@example.com"] == ("failed", "suppressed", 0)
+    assert [r.recipients[0] for r in smtp_sink.received] == ["keep@example.com"]
+    assert app.campaign_status(campaign_id).status == "finished"
+
+
+def test_smtp_server_down_for_a_while_then_back(app_for):
+    from senddock.sink import Sink, _free_port
+
+    port = _free_port("127.0.0.1")
+    app = app_for(fast_settings(port, retry={"schedule": ["1s"], "max_retries": 10, "jitter": 0}))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(10)])
+    from senddock.core.runner import Runner
+
+    Runner(app.config, exit_when_idle=True).run()  # nobody listens: every job is retried
+    status = app.campaign_status(campaign_id)
+    assert status.retry == 10 and status.sent == 0
+    with Sink("127.0.0.1", port) as sink:
+        drain(app.config)
+        assert sorted(r.recipients[0] for r in sink.received) == sorted(f"user{i}@example.com" for i in range(10))
+    assert app.campaign_status(campaign_id).status == "finished"
