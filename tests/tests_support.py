@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psycopg
+import yaml
 
 
 def senddock_executable() -> str:
@@ -41,3 +47,28 @@ def jobs_by_email(app, campaign_id: int) -> dict[str, tuple]:
 def suppressed(app) -> dict[str, str]:
     with app.db.connection() as conn:
         return dict(conn.execute("SELECT lower(email), reason FROM suppressions").fetchall())
+
+
+def start_node(config_path: Path, database_dsn: str, node: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn}
+    return subprocess.Popen([senddock_executable(), "run", "-c", str(config_path), "--node", node, *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+
+
+def write_config(tmp_path: Path, settings: dict) -> Path:
+    path = tmp_path / "senddock.yaml"
+    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    return path
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def sent_count(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT count(*) FROM broadcast_jobs WHERE status = 'sent'").fetchone()[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -10,38 +9,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psycopg
 import pytest
-import yaml
 
 from senddock.api import Senddock
 from senddock.testing import fast_settings
-from tests_support import make_broadcast, senddock_executable
-
-
-def start_node(config_path: Path, database_dsn: str, node: str, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn}
-    return subprocess.Popen([senddock_executable(), "run", "-c", str(config_path), "--node", node, *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-
-
-def write_config(tmp_path: Path, settings: dict) -> Path:
-    path = tmp_path / "senddock.yaml"
-    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
-    return path
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def sent_count(dsn: str) -> int:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT count(*) FROM broadcast_jobs WHERE status = 'sent'").fetchone()[0]
+from tests_support import make_broadcast, sent_count, start_node, wait_for, write_config
 
 
 def test_kill_9_at_random_moments_loses_nothing(make_config, database_dsn, smtp_sink, tmp_path: Path):

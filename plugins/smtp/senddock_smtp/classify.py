@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import smtplib
+
 from senddock.outcome import Classification, Outcome, SendResult
 
 # RFC 3463: X.1.1 bad destination mailbox, X.1.2 bad destination system, X.1.3 bad destination
@@ -40,6 +42,8 @@ def classify(result: SendResult) -> Classification:
     if result.ok:
         return Classification(Outcome.SENT, "sent")
     code, phase, detail = result.code, result.phase, _detail(result.enhanced_code)
+    if result.error is not None and not isinstance(result.error, (OSError, smtplib.SMTPException)):
+        return Classification(Outcome.FAIL, "plugin_error")  # a bug, not the network: don't retry it
     if code is None:
         # No reply at all: the connection failed (refused, reset, DNS, timeout, disconnect).
         return Classification(Outcome.RETRY, "connection_error", in_doubt=result.may_have_sent)

@@ -1,0 +1,204 @@
+"""Several nodes on one database: no job claimed by two live nodes, fencing, leases, finishing."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from senddock.api import Senddock
+from senddock.core.nodes import NodeIdentity
+from senddock.core.queue import JobResult, Queue
+from senddock.core.runner import Runner
+from senddock.testing import fast_settings
+from tests_support import jobs_by_email, make_broadcast, sent_count, start_node, wait_for, write_config
+
+
+def register(conn: psycopg.Connection, name: str, *, heartbeat_age: str = "0 seconds") -> NodeIdentity:
+    node = NodeIdentity(id=uuid.uuid4(), name=name, host="test", pid=1)
+    conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) VALUES (%s, %s, 'test', 1, now() - %s::interval)",
+                 (node.id, name, heartbeat_age))
+    return node
+
+
+def test_two_nodes_drain_one_broadcast_without_duplicates(make_config, database_dsn, smtp_sink, tmp_path: Path):
+    settings = fast_settings(smtp_sink.port, workers=3)
+    app = Senddock(make_config(settings))
+    emails = [f"user{i}@example.com" for i in range(800)]
+    campaign_id = make_broadcast(app, emails)
+    config_path = write_config(tmp_path, settings)
+    nodes = [start_node(config_path, database_dsn, name, "--exit-when-idle") for name in ("alpha", "beta")]
+    for node in nodes:
+        _, stderr = node.communicate(timeout=120)
+        assert node.returncode == 0, stderr.decode()[-2000:]
+    assert app.campaign_status(campaign_id).status == "finished"
+    assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(emails)
+    with app.db.connection() as conn:
+        by_node = dict(conn.execute("SELECT node, count(*) FROM delivery_attempts GROUP BY 1").fetchall())
+    assert set(by_node) == {"alpha", "beta"} and sum(by_node.values()) == 800
+    app.close()
+
+
+def test_when_one_of_two_nodes_dies_the_other_takes_its_jobs_after_the_lease(make_config, database_dsn, smtp_sink,
+                                                                             tmp_path: Path):
+    settings = fast_settings(smtp_sink.port, recovery={"heartbeat": "200ms", "lease": "2s"})
+    app = Senddock(make_config(settings))
+    emails = [f"user{i}@example.com" for i in range(1500)]
+    campaign_id = make_broadcast(app, emails)
+    config_path = write_config(tmp_path, settings)
+    doomed = start_node(config_path, database_dsn, "doomed")
+    wait_for(lambda: sent_count(database_dsn) > 100, 60, "the first node to send")
+    survivor = start_node(config_path, database_dsn, "survivor", "--exit-when-idle")
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(10)
+    killed_at = time.monotonic()
+    _, stderr = survivor.communicate(timeout=120)
+    assert survivor.returncode == 0, stderr.decode()[-2000:]
+    assert app.campaign_status(campaign_id).status == "finished"
+    delivered = Counter(r.recipients[0] for r in smtp_sink.received)
+    assert set(delivered) == set(emails)
+    with app.db.connection() as conn:
+        taken = conn.execute(
+            "SELECT count(*), min(finished_at) FROM delivery_attempts WHERE node = 'survivor' AND outcome = 'in_doubt'"
+        ).fetchone()
+        in_doubt = {r[0] for r in conn.execute(
+            "SELECT j.email FROM delivery_attempts a JOIN broadcast_jobs j ON j.id = a.job_id WHERE a.in_doubt")}
+    assert taken[0] > 0, "the survivor recovered the dead node's started jobs"
+    assert {e for e, n in delivered.items() if n > 1} <= in_doubt
+    assert time.monotonic() - killed_at >= 2 or taken[0] > 0
+    app.close()
+
+
+def test_a_fenced_out_worker_cannot_overwrite_the_reassigned_job(senddock_app, database_dsn):
+    make_broadcast(senddock_app, ["a@example.com"])
+    with psycopg.connect(database_dsn, autocommit=True) as conn_a, psycopg.connect(database_dsn, autocommit=True) as conn_b:
+        slow = register(conn_a, "slow")
+        fast = register(conn_b, "fast")
+        queue_a, queue_b = Queue(conn_a, slow), Queue(conn_b, fast)
+        [job_a] = queue_a.claim(5)
+        assert job_a.started
+        # The slow node's lease runs out while it is still sending.
+        conn_a.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (slow.id,))
+        [recovered] = queue_b.recover(lease=30, in_doubt="retry", max_rescues=5)
+        assert (recovered.id, recovered.status, recovered.in_doubt) == (job_a.id, "retry", True)
+        [job_b] = queue_b.claim(5)
+        assert job_b.id == job_a.id and job_b.claim_token != job_a.claim_token
+
+        # The slow worker's late 'retry' changes nothing: the job is the fast node's now.
+        late = queue_a.record(job_a, 1, None, JobResult(status="retry", outcome="retry", counts=True, delay=60), None)
+        assert (late.recorded, late.late_sent) == (False, False)
+        assert conn_a.execute("SELECT status, claim_token FROM broadcast_jobs").fetchone() == ("sending", job_b.claim_token)
+
+        # But a message the slow worker did deliver is marked sent, and nobody sends it again.
+        delivered = queue_a.record(job_a, 1, None, JobResult(status="sent", outcome="sent", counts=True, ok=True), None)
+        assert (delivered.recorded, delivered.late_sent) == (False, True)
+        assert conn_a.execute("SELECT status FROM broadcast_jobs").fetchone() == ("sent",)
+        assert queue_b.start(job_b) is None  # the fast node's start mark fails: it does not send
+        outcome = queue_b.record(job_b, 2, None, JobResult(status="retry", outcome="retry", counts=True, delay=1), None)
+        assert (outcome.recorded, outcome.late_sent) == (False, False)
+        assert conn_a.execute("SELECT status FROM broadcast_jobs").fetchone() == ("sent",)
+        lost = conn_a.execute("SELECT node, outcome, claim_lost FROM delivery_attempts ORDER BY id").fetchall()
+    assert lost == [("fast", "in_doubt", False), ("slow", "retry", True), ("slow", "sent", True), ("fast", "retry", True)]
+
+
+def test_a_live_node_of_the_same_name_keeps_its_jobs(senddock_app, database_dsn):
+    """Recovery by name needs proof of death: a held lifeline lock protects a live incarnation."""
+    from senddock.core.nodes import LOCK_CLASS
+
+    make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
+    with psycopg.connect(database_dsn, autocommit=True) as lifeline, psycopg.connect(database_dsn, autocommit=True) as other:
+        live = register(lifeline, "twin")
+        lock_id = lifeline.execute("SELECT lock_id FROM nodes WHERE id = %s", (live.id,)).fetchone()[0]
+        assert lifeline.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_id)).fetchone()[0]
+        Queue(lifeline, live).claim(5)
+        newcomer = register(other, "twin")
+        assert Queue(other, newcomer).recover(lease=30, in_doubt="retry", max_rescues=5) == []
+        lifeline.execute("SELECT pg_advisory_unlock_all()")  # the incarnation dies: its lock is gone
+        recovered = Queue(other, newcomer).recover(lease=30, in_doubt="retry", max_rescues=5)
+    assert sorted(r.email for r in recovered) == ["a@example.com", "b@example.com"]
+
+
+def test_two_nodes_finishing_the_last_two_jobs_at_once_finish_the_campaign(senddock_app, database_dsn):
+    campaign_id = make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
+    barrier = threading.Barrier(2)
+    errors = []
+
+    def finish_one(name: str) -> None:
+        try:
+            with psycopg.connect(database_dsn, autocommit=True) as conn:
+                queue = Queue(conn, register(conn, name))
+                [job] = queue.claim(1)
+                barrier.wait()
+                queue.record(job, 1, None, JobResult(status="sent", outcome="sent", counts=True, ok=True), None)
+                queue.finish_campaigns(job.broadcast_id)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=finish_one, args=(n,)) for n in ("one", "two")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert senddock_app.campaign_status(campaign_id).status == "finished"
+
+
+def test_a_node_cut_off_from_its_heartbeat_stops_sending_on_its_own(make_config, smtp_sink):
+    settings = fast_settings(smtp_sink.port, recovery={"heartbeat": "200ms", "lease": "1s"}, workers=2)
+    app = Senddock(make_config(settings))
+    make_broadcast(app, [f"user{i}@example.com" for i in range(3000)])
+    runner = Runner(app.config)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(lambda: len(smtp_sink.received) > 50, 60, "sending to start")
+        runner.lifeline.stop()  # heartbeats stop, as when the node is cut off from Postgres
+        time.sleep(1.0 - 2 * 0.2 + 0.3)  # past lease - 2 heartbeats, plus one send's worth
+        stalled_at = len(smtp_sink.received)
+        time.sleep(1.0)
+        assert len(smtp_sink.received) == stalled_at, "a node whose heartbeat is stale must not start sends"
+        assert not runner.lifeline.may_send()
+    finally:
+        runner.request_stop()
+        thread.join(30)
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("hook", "expected"),
+    [
+        ("send_message", ("failed", "plugin_error", 1)),  # captured as a failed send
+        ("classify_result", ("sent", None, 1)),  # the built-in classifier stands in
+        ("compute_backoff", ("failed", "retries_exhausted", 3)),  # the built-in backoff stands in
+    ],
+)
+def test_a_plugin_whose_hook_raises_fails_jobs_not_workers(make_config, smtp_sink, tmp_path: Path, monkeypatch,
+                                                          hook, expected):
+    from senddock.sink import FailRule
+    from senddock.testing import drain
+
+    plugin = tmp_path / "plugin_site" / f"acme_buggy_{hook}.py"
+    plugin.parent.mkdir()
+    body = {
+        "compute_backoff": "def compute_backoff(attempt):\n    raise KeyError('bug in the plugin')\n",
+    }.get(hook, f"def {hook}(message):\n    if message.recipient.email.startswith('boom'):\n"
+                "        raise KeyError('bug in the plugin')\n")
+    plugin.write_text(f"from senddock import hookimpl\n\n@hookimpl(tryfirst=True)\n{body}", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(plugin.parent))
+    if hook == "compute_backoff":
+        smtp_sink.handler.rules = [FailRule.parse("boom*@*=451 4.3.0 later")]
+    app = Senddock(make_config(fast_settings(smtp_sink.port, plugins={"load": [f"acme_buggy_{hook}"]})))
+    campaign_id = make_broadcast(app, ["boom1@example.com", "fine@example.com", "boom2@example.com"])
+    drain(app.config)
+    jobs = jobs_by_email(app, campaign_id)
+    assert jobs["fine@example.com"] == ("sent", None, 1)
+    assert jobs["boom1@example.com"] == expected
+    assert jobs["boom2@example.com"] == expected
+    assert app.campaign_status(campaign_id).status == "finished"
+    app.close()
