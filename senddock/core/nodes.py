@@ -80,22 +80,23 @@ class Lifeline(threading.Thread):
                 with self._connect() as conn:
                     backoff = 0.1
                     self._serve(conn)
-            except (psycopg.Error, OSError) as exc:
+            except Exception as exc:
+                if not self.registered.is_set() and not isinstance(exc, (psycopg.OperationalError, OSError)):
+                    self.error = exc  # registration failed for good: the runner reports it
+                    self.registered.set()
+                    return
                 if self._stop_event.is_set():
                     break
-                log.warning("lifeline_lost", error=str(exc).strip().splitlines()[-1:] or repr(exc), retry_in=backoff)
+                log.warning("lifeline_lost", error=_last_line(exc), retry_in=backoff)
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, self._heartbeat)
-            except BaseException as exc:  # registration failed for good: the runner reports it
-                self.error = exc
-                self.registered.set()
-                return
 
     def _connect(self) -> psycopg.Connection:
-        dsn = self._config.database.direct_dsn
-        if dsn:
-            return psycopg.connect(dsn, **self._db.connect_kwargs(), options="-c statement_timeout=0")
-        return self._db.connect(application_name=f"senddock-lifeline {self._node.name}")
+        # Session locks and LISTEN need a real session: behind PgBouncer in transaction mode,
+        # database.direct_dsn names a direct one.
+        dsn = self._config.database.direct_dsn or self._db.dsn
+        kwargs = {**self._db.connect_kwargs(), "application_name": f"senddock-lifeline {self._node.name}"}
+        return psycopg.connect(dsn, **kwargs)
 
     def _serve(self, conn: psycopg.Connection) -> None:
         if self.lock_id is None:
@@ -133,3 +134,8 @@ class Lifeline(threading.Thread):
     def _beat(self, conn: psycopg.Connection) -> None:
         conn.execute(query("node_heartbeat"), {"node_id": self._node.id})
         self._last_ok = time.monotonic()
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__

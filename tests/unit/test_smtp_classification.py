@@ -1,0 +1,67 @@
+"""The SMTP classification table (RFC 5321 4.2, RFC 3463, RFC 4954): one case per row."""
+
+from __future__ import annotations
+
+import smtplib
+
+import pytest
+
+from senddock.outcome import Outcome, SendResult
+from senddock_smtp.classify import classify
+from senddock_smtp.transport import result_for
+
+
+@pytest.mark.parametrize(
+    ("phase", "code", "text", "outcome", "reason", "about_recipient"),
+    [
+        ("data", 250, "2.0.0 queued as 12345", Outcome.SENT, "sent", False),
+        ("rcpt", 550, "5.1.1 <x@example.com>: Recipient address rejected: User unknown", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 550, "5.1.2 bad destination system", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 553, "5.1.3 bad address syntax", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 550, "5.1.6 mailbox has moved", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 556, "5.1.10 recipient address has null MX", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 550, "5.2.1 mailbox disabled", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 550, "No such user here", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 550, "mailbox unavailable", Outcome.BOUNCE, "bounced", True),
+        ("rcpt", 553, "5.1.8 <news@example.com>: Sender address rejected: Domain not found", Outcome.FAIL,
+         "sender_rejected", False),
+        ("rcpt", 550, "5.1.0 Sender address rejected", Outcome.FAIL, "sender_rejected", False),
+        ("rcpt", 550, "5.1.7 bad sender mailbox syntax", Outcome.FAIL, "sender_rejected", False),
+        ("rcpt", 550, "5.7.1 Service unavailable; client host blocked", Outcome.FAIL, "policy_rejected", False),
+        ("mail", 550, "5.7.26 unauthenticated email is not accepted", Outcome.FAIL, "policy_rejected", False),
+        ("mail", 553, "sender refused", Outcome.FAIL, "rejected_mail", False),
+        ("data", 554, "5.6.0 message content rejected", Outcome.FAIL, "rejected_data", False),
+        ("rcpt", 451, "4.7.1 greylisted, try again", Outcome.RETRY, "deferred_rcpt", True),
+        ("mail", 452, "4.3.1 insufficient system storage", Outcome.RETRY, "deferred_mail", False),
+        ("data", 451, "4.3.0 local error", Outcome.RETRY, "deferred_data", False),
+        ("mail", 421, "4.7.0 too many connections", Outcome.RETRY, "service_unavailable", False),
+        ("auth", 535, "5.7.8 authentication credentials invalid", Outcome.PAUSE, "auth_failed", False),
+        ("auth", 530, "5.7.0 authentication required", Outcome.PAUSE, "auth_failed", False),
+        ("connect", 554, "no SMTP service here", Outcome.PAUSE, "relay_refused_session", False),
+    ],
+)
+def test_reply_classification(phase, code, text, outcome, reason, about_recipient):
+    verdict = classify(result_for(phase, code, text, ok=200 <= code < 300))
+    assert (verdict.outcome, verdict.reason, verdict.about_recipient) == (outcome, reason, about_recipient)
+
+
+@pytest.mark.parametrize(
+    ("error", "may_have_sent", "outcome", "reason", "in_doubt"),
+    [
+        (ConnectionRefusedError(111, "Connection refused"), False, Outcome.RETRY, "connection_error", False),
+        (ConnectionResetError(104, "reset"), False, Outcome.RETRY, "connection_error", False),
+        (TimeoutError("timed out"), False, Outcome.RETRY, "connection_error", False),
+        (smtplib.SMTPServerDisconnected("gone after the final dot"), True, Outcome.RETRY, "connection_error", True),
+        (KeyError("a bug"), False, Outcome.FAIL, "plugin_error", False),
+    ],
+)
+def test_exceptions(error, may_have_sent, outcome, reason, in_doubt):
+    result = SendResult("smtp", ok=False, text=str(error), error=error, phase="data", may_have_sent=may_have_sent)
+    verdict = classify(result)
+    assert (verdict.outcome, verdict.reason, verdict.in_doubt) == (outcome, reason, in_doubt)
+
+
+def test_enhanced_code_is_split_from_the_text():
+    result = result_for("rcpt", 550, "5.1.1 no such user")
+    assert (result.code, result.enhanced_code, result.text) == (550, "5.1.1", "no such user")
+    assert result_for("rcpt", 550, "no such user").enhanced_code is None
