@@ -63,14 +63,14 @@ def postgres_server_dsn() -> Iterator[str]:
     if os.environ.get(ENV_TEST_DSN):
         yield os.environ[ENV_TEST_DSN]
         return
-    from senddock.core.db import embedded_server
+    from senddock.core.db import embedded_server, stop_embedded
 
     with tempfile.TemporaryDirectory(prefix="senddock-test-pg-") as folder:
         server = embedded_server(Path(folder) / "pgdata")
         try:
             yield server.get_uri()
         finally:
-            server.cleanup()
+            stop_embedded(server)
 
 
 @pytest.fixture(scope="session")

