@@ -18,9 +18,11 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
 
 from common import bench_config, enqueue, fill_list, open_app, reset_jobs, scratch_database
+from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
 
 BARE_CLAIM = """
@@ -58,6 +60,12 @@ def bare_loop(dsn: str, broadcast_id: int, workers: int, batch: int) -> None:
         t.join()
 
 
+def _machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine (Postgres included)."""
+    times = psutil.cpu_times()
+    return times.user + times.system + getattr(times, "softirq", 0) + getattr(times, "irq", 0)
+
+
 def measure(dsn: str, jobs: int, workers: int, batch: int, folder: Path) -> dict:
     config = bench_config(dsn, folder, {"transport": "instant", "plugins": {"load": ["senddock_bench_plugins"]},
                                         "workers": workers, "claim_batch": batch, "poll_interval": "100ms"})
@@ -67,17 +75,20 @@ def measure(dsn: str, jobs: int, workers: int, batch: int, folder: Path) -> dict
         reset_jobs(dsn)
         app = open_app(config, dsn)
         campaign_id, broadcast_id = enqueue(app)
-        started = time.perf_counter()
+        started, cpu, machine = time.perf_counter(), time.process_time(), _machine_cpu()
         if side == "bare":
             bare_loop(dsn, broadcast_id, workers, batch)
         else:
             Runner(config, exit_when_idle=True).run()
         seconds = time.perf_counter() - started
+        cpu_us = (time.process_time() - cpu) / jobs * 1e6
+        machine_us = (_machine_cpu() - machine) / jobs * 1e6
         assert app.campaign_status(campaign_id).sent == jobs
         app.close()
         rate = jobs / seconds
         results[side] = max(results.get(side, 0), rate)
-        print(f"  {side:>8}: {jobs:,} jobs in {seconds:.1f}s = {rate:,.0f} jobs/s", flush=True)
+        print(f"  {side:>8}: {jobs:,} jobs in {seconds:.1f}s = {rate:,.0f} jobs/s "
+              f"(CPU per job: {cpu_us:.0f} us in this process, {machine_us:.0f} us on the whole machine)", flush=True)
     return {"jobs": jobs, "workers": workers, "claim_batch": batch,
             "bare_jobs_per_s": round(results["bare"]), "senddock_jobs_per_s": round(results["senddock"]),
             "ratio": round(results["senddock"] / results["bare"], 2)}
@@ -90,7 +101,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--batch", type=int, default=5)
+    parser.add_argument("--log", choices=["info", "warning"], default="info",
+                        help="senddock's log level; info (the default of `senddock run`) writes one JSON line "
+                             "per attempt, here to stderr")
     args = parser.parse_args()
+    # As `senddock run` does when its stderr is not a terminal: JSON lines.
+    configure_logging(args.log, "json")
     with tempfile.TemporaryDirectory() as folder, scratch_database(None if args.embedded else args.dsn) as dsn:
         row = measure(dsn, args.jobs, args.workers, args.batch, Path(folder))
     print(f"senddock {row['senddock_jobs_per_s']:,} jobs/s vs bare loop {row['bare_jobs_per_s']:,} jobs/s: "

@@ -11,13 +11,17 @@ from email.utils import format_datetime, getaddresses, localtime
 from senddock.outcome import Message
 
 
-def message_id(message: Message, domain: str | None = None) -> str:
+def message_id_for(broadcast_id: int, job_id: int, domain: str) -> str:
     """Derived from the job, so a resend after a crash carries the same Message-ID."""
-    return f"<senddock.{message.broadcast_id}.{message.job_id}@{domain or sender_domain(message)}>"
+    return f"<senddock.{broadcast_id}.{job_id}@{domain}>"
 
 
-def sender_domain(message: Message) -> str:
-    [(_, address)] = getaddresses([message.campaign.from_addr]) or [("", "")]
+def message_id(message: Message, domain: str | None = None) -> str:
+    return message_id_for(message.broadcast_id, message.job_id, domain or sender_domain(message.campaign.from_addr))
+
+
+def sender_domain(from_addr: str) -> str:
+    [(_, address)] = getaddresses([from_addr]) or [("", "")]
     return address.rpartition("@")[2] or "localhost"
 
 

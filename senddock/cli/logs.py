@@ -23,7 +23,16 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        # Looked up at each call, so a replaced sys.stderr (tests, daemons) is honoured.
-        logger_factory=lambda *args: structlog.PrintLogger(sys.stderr),
-        cache_logger_on_first_use=False,
+        logger_factory=lambda *args: structlog.PrintLogger(_CurrentStderr()),
+        cache_logger_on_first_use=True,  # binding a lazy logger on every call shows up in the send loop
     )
+
+
+class _CurrentStderr:
+    """sys.stderr as it is at each write, so a replaced stream (tests, daemons) is honoured."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()

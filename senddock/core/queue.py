@@ -28,7 +28,6 @@ class ClaimedJob:
     claim_token: uuid.UUID | None
     first_attempt_at: datetime | None
     suppressed: bool
-    started: bool
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ class JobResult:
 class Recorded:
     recorded: bool  # False: the claim was lost, the job's state was not ours to change
     late_sent: bool  # the claim was lost but the delivered message was marked sent
-    next_started: bool  # the next job's start is durable; False: its claim was lost
+    next_ours: bool  # the batch's next job is still claimed by us (False: its claim was lost)
     next_campaign_status: str | None
 
 
@@ -93,8 +92,6 @@ class Queue:
             "job_id": job.id,
             "claim_token": job.claim_token,
             "broadcast_id": job.broadcast_id,
-            "campaign_id": job.campaign_id,
-            "email": job.email,
             "attempt": attempt,
             "status": result.status,
             "counts": int(result.counts),
@@ -102,7 +99,6 @@ class Queue:
             "failure_reason": result.failure_reason,
             "last_result": result.last_result[:2000],
             "provider_message_id": result.provider_message_id,
-            "ok": result.ok,
             "node": self.node.name,
             "node_id": self.node.id,
             "started_at": started_at,
@@ -111,20 +107,25 @@ class Queue:
             "phase": result.phase,
             "code": result.code,
             "enhanced_code": result.enhanced_code,
-            "bounce": result.bounce,
             "next_job_id": next_job.id if next_job else None,
             "next_claim_token": next_job.claim_token if next_job else None,
             "next_campaign_id": next_job.campaign_id if next_job else None,
         }
-        with self.conn.cursor(row_factory=class_row(Recorded)) as cur:
-            return cur.execute(query("job_record_result"), params).fetchone()
-
-    def start(self, job: ClaimedJob) -> str | None:
-        """Make the start of a send durable; returns the campaign's status, None if the claim was lost."""
-        row = self.conn.execute(
-            query("job_start"), {"job_id": job.id, "claim_token": job.claim_token, "campaign_id": job.campaign_id}
-        ).fetchone()
-        return row[0] if row else None
+        if result.bounce:
+            # The pending hooks row commits with the bounce, so a crash cannot lose the suppression.
+            with self.conn.transaction():
+                recorded, next_status = self.conn.execute(query("job_record_result"), params).fetchone()
+                if recorded:
+                    self.conn.execute(query("job_record_bounce"), {
+                        "job_id": job.id, "campaign_id": job.campaign_id, "code": result.code,
+                        "enhanced_code": result.enhanced_code, "diagnostic": params["last_result"],
+                        "node_id": self.node.id})
+        else:
+            recorded, next_status = self.conn.execute(query("job_record_result"), params).fetchone()
+        late_sent = False
+        if not recorded and result.ok:
+            late_sent = self.conn.execute(query("job_record_late_success"), params).fetchone() is not None
+        return Recorded(recorded, late_sent, next_status is not None, next_status)
 
     def release(self, jobs: Sequence[ClaimedJob]) -> int:
         if not jobs:

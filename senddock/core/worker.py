@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,7 @@ class Worker(threading.Thread):
         self.index = index
         self.busy = False
         self._state: dict[str, Any] = {}
-        self._campaigns: dict[int, CampaignContent] = {}
+        self._campaigns: dict[int, tuple[CampaignContent, str]] = {}
 
     def run(self) -> None:
         runner = self.runner
@@ -82,29 +81,20 @@ class Worker(threading.Thread):
                 runner.wait_for_work()
 
     def _send_batch(self, queue: Queue, jobs: list[ClaimedJob]) -> None:
+        """Send in id order, one at a time: the order is what makes the start of each send durable."""
         runner = self.runner
         pending = list(jobs)
-        job = pending.pop(0)
-        started = job.started
-        while job is not None:
-            if not started:
-                status = queue.start(job)
-                if status is None:  # the claim was lost (recovered by another node): not ours to send
-                    job = pending.pop(0) if pending else None
-                    continue
-                if status != "sending":
-                    queue.release([job, *pending])
-                    return
+        while pending:
+            job = pending.pop(0)
             if runner.stopping.is_set() or not runner.lifeline.may_send():
                 queue.release([job, *pending])
                 return
-            next_job = pending.pop(0) if pending else None
+            next_job = pending[0] if pending else None
             recorded, outcome = self._send_one(queue, job, next_job)
             if next_job is not None and (outcome.outcome == "pause" or recorded.next_campaign_status != "sending"):
-                # Paused or cancelled meanwhile: what is claimed but not started goes back.
-                queue.release([next_job, *pending])
+                # Paused or cancelled meanwhile, or the claim was lost: what is not started goes back.
+                queue.release(pending)
                 return
-            job, started = next_job, recorded.next_started
 
     def _send_one(self, queue: Queue, job: ClaimedJob, next_job: ClaimedJob | None):
         runner = self.runner
@@ -175,20 +165,20 @@ class Worker(threading.Thread):
             runner.track_failures(job.campaign_id, verdict, outcome)
 
     def _message(self, queue: Queue, job: ClaimedJob) -> Message:
-        content = self._campaigns.get(job.campaign_id)
-        if content is None:
-            row = queue.campaign_content(job.campaign_id)
-            content = CampaignContent(**row)
-            self._campaigns[job.campaign_id] = content
-        message = Message(
+        cached = self._campaigns.get(job.campaign_id)
+        if cached is None:
+            content = CampaignContent(**queue.campaign_content(job.campaign_id))
+            # Parsed once per campaign: address parsing is the costliest part of building a Message.
+            cached = self._campaigns[job.campaign_id] = (content, mime.sender_domain(content.from_addr))
+        content, domain = cached
+        return Message(
             job_id=job.id,
             broadcast_id=job.broadcast_id,
             attempt=job.attempts + 1,
             recipient=Recipient(job.email, job.name, job.attributes, job.subscriber_id),
             campaign=content,
-            message_id="",
+            message_id=mime.message_id_for(job.broadcast_id, job.id, domain),
         )
-        return replace(message, message_id=mime.message_id(message))
 
 
 def _last_line(exc: BaseException) -> str:

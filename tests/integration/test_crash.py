@@ -96,7 +96,7 @@ def test_in_doubt_fail_policy(make_config, database_dsn, smtp_sink, tmp_path: Pa
         conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) "
                      "VALUES ('00000000-0000-0000-0000-000000000001', 'ghost', 'h', 1, now() - interval '1 hour')")
         conn.execute("UPDATE broadcast_jobs SET status = 'sending', claimed_by = '00000000-0000-0000-0000-000000000001', "
-                     "claim_token = gen_random_uuid(), claimed_at = now(), send_started_at = now()")
+                     "claim_token = gen_random_uuid(), claimed_at = now()")
     from senddock.testing import drain
 
     drain(app.config)

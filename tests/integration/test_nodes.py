@@ -76,35 +76,40 @@ def test_when_one_of_two_nodes_dies_the_other_takes_its_jobs_after_the_lease(mak
 
 
 def test_a_fenced_out_worker_cannot_overwrite_the_reassigned_job(senddock_app, database_dsn):
-    make_broadcast(senddock_app, ["a@example.com"])
+    make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
+    sent = JobResult(status="sent", outcome="sent", counts=True, ok=True)
+    retry = JobResult(status="retry", outcome="retry", counts=True, delay=60)
     with psycopg.connect(database_dsn, autocommit=True) as conn_a, psycopg.connect(database_dsn, autocommit=True) as conn_b:
         slow = register(conn_a, "slow")
         fast = register(conn_b, "fast")
         queue_a, queue_b = Queue(conn_a, slow), Queue(conn_b, fast)
-        [job_a] = queue_a.claim(5)
-        assert job_a.started
+        first_a, second_a = queue_a.claim(5)  # the slow node is sending the first; the second waits
         # The slow node's lease runs out while it is still sending.
         conn_a.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (slow.id,))
-        [recovered] = queue_b.recover(lease=30, in_doubt="retry", max_rescues=5)
-        assert (recovered.id, recovered.status, recovered.in_doubt) == (job_a.id, "retry", True)
-        [job_b] = queue_b.claim(5)
-        assert job_b.id == job_a.id and job_b.claim_token != job_a.claim_token
+        recovered = {r.email: (r.status, r.in_doubt) for r in queue_b.recover(lease=30, in_doubt="retry", max_rescues=5)}
+        # Only the batch's first unfinished job may have been sending: in doubt. The other was never started.
+        assert recovered == {"a@example.com": ("retry", True), "b@example.com": ("pending", False)}
+        first_b, second_b = queue_b.claim(5)
+        assert first_b.id == first_a.id and first_b.claim_token != first_a.claim_token
 
-        # The slow worker's late 'retry' changes nothing: the job is the fast node's now.
-        late = queue_a.record(job_a, 1, None, JobResult(status="retry", outcome="retry", counts=True, delay=60), None)
+        # The slow worker's late 'retry' changes nothing: the job is the fast node's now...
+        late = queue_a.record(first_a, 1, None, retry, second_a)
         assert (late.recorded, late.late_sent) == (False, False)
-        assert conn_a.execute("SELECT status, claim_token FROM broadcast_jobs").fetchone() == ("sending", job_b.claim_token)
+        # ...and the answer tells it that its next job is no longer its own: it will not send it.
+        assert (late.next_ours, late.next_campaign_status) == (False, None)
+        assert conn_a.execute("SELECT status, claim_token FROM broadcast_jobs WHERE id = %s",
+                              (first_a.id,)).fetchone() == ("sending", first_b.claim_token)
 
-        # But a message the slow worker did deliver is marked sent, and nobody sends it again.
-        delivered = queue_a.record(job_a, 1, None, JobResult(status="sent", outcome="sent", counts=True, ok=True), None)
+        # But a message the slow worker did deliver is marked sent, so it never goes out again.
+        delivered = queue_a.record(first_a, 1, None, sent, None)
         assert (delivered.recorded, delivered.late_sent) == (False, True)
-        assert conn_a.execute("SELECT status FROM broadcast_jobs").fetchone() == ("sent",)
-        assert queue_b.start(job_b) is None  # the fast node's start mark fails: it does not send
-        outcome = queue_b.record(job_b, 2, None, JobResult(status="retry", outcome="retry", counts=True, delay=1), None)
-        assert (outcome.recorded, outcome.late_sent) == (False, False)
-        assert conn_a.execute("SELECT status FROM broadcast_jobs").fetchone() == ("sent",)
-        lost = conn_a.execute("SELECT node, outcome, claim_lost FROM delivery_attempts ORDER BY id").fetchall()
-    assert lost == [("fast", "in_doubt", False), ("slow", "retry", True), ("slow", "sent", True), ("fast", "retry", True)]
+        assert conn_a.execute("SELECT status FROM broadcast_jobs WHERE id = %s", (first_a.id,)).fetchone() == ("sent",)
+        # The fast node's own result for that job is fenced out too; its next job is still its own.
+        outcome = queue_b.record(first_b, 2, None, retry, second_b)
+        assert (outcome.recorded, outcome.late_sent, outcome.next_ours) == (False, False, True)
+        assert conn_a.execute("SELECT status FROM broadcast_jobs WHERE id = %s", (first_a.id,)).fetchone() == ("sent",)
+        log = conn_a.execute("SELECT node, outcome, claim_lost FROM delivery_attempts ORDER BY id").fetchall()
+    assert log == [("fast", "in_doubt", False), ("slow", "retry", True), ("slow", "sent", True), ("fast", "retry", True)]
 
 
 def test_a_live_node_of_the_same_name_keeps_its_jobs(senddock_app, database_dsn):

@@ -201,7 +201,7 @@ UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s
 -- subquery walks the claimable index of one running broadcast at a time, so jobs of paused,
 -- scheduled or finished campaigns cost nothing, and the outer LIMIT stops it after n rows.
 -- A job whose address was suppressed since the enqueue is failed here instead of being sent.
--- The first job of the batch is marked as starting in the same commit (it is sent first).
+-- The batch shares one claim token (see broadcast_jobs: the batch's order says what started).
 WITH due AS MATERIALIZED (
     SELECT j.id, r.campaign_id,
            EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(j.email)) AS suppressed
@@ -222,47 +222,38 @@ WITH due AS MATERIALIZED (
         FOR UPDATE SKIP LOCKED
     ) j
     LIMIT %(limit)s
-), first_job AS (
-    SELECT min(id) AS id FROM due WHERE NOT suppressed
+), claim AS (
+    SELECT gen_random_uuid() AS token
 )
 UPDATE broadcast_jobs j
    SET status = CASE WHEN due.suppressed THEN 'failed' ELSE 'sending' END,
        failure_reason = CASE WHEN due.suppressed THEN 'suppressed' ELSE j.failure_reason END,
        claimed_by = CASE WHEN due.suppressed THEN NULL ELSE %(node_id)s::uuid END,
        claimed_at = now(),
-       claim_token = CASE WHEN due.suppressed THEN NULL ELSE gen_random_uuid() END,
-       send_started_at = CASE WHEN j.id = (SELECT id FROM first_job) THEN now() END
-  FROM due, subscribers s
+       claim_token = CASE WHEN due.suppressed THEN NULL ELSE claim.token END
+  FROM due, claim, subscribers s
  WHERE j.id = due.id AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
-          j.attempts, j.claim_token, j.first_attempt_at, due.suppressed,
-          j.send_started_at IS NOT NULL AS started;
+          j.attempts, j.claim_token, j.first_attempt_at, due.suppressed;
 
 -- name: job_record_result
--- One statement, one round trip, one commit: the job's outcome (fenced by its claim token), its
--- delivery_attempts row, a pending bounce when it bounced, and the durable mark that the worker's
--- next job is starting. A worker that lost its claim changes nothing, except that a message it
--- did deliver is marked sent (unless someone sent it since): it must never go out again.
+-- One statement, one round trip, one commit: the job's outcome (fenced by its claim token) and its
+-- delivery_attempts row. Committing it makes the batch's next job the one that may be sending;
+-- the statement also tells whether that job is still ours and its campaign still sending. A
+-- worker that lost its claim changes nothing here; see job_record_late_success.
 WITH result AS (
     UPDATE broadcast_jobs
        SET status = %(status)s,
-           attempts = attempts + %(counts)s::int,
+           attempts = attempts + %(counts)s,
            next_attempt_at = CASE WHEN %(delay)s::float8 IS NULL THEN next_attempt_at
                                   ELSE now() + make_interval(secs => %(delay)s::float8) END,
            failure_reason = %(failure_reason)s,
            last_result = %(last_result)s,
            sent_at = CASE WHEN %(status)s = 'sent' THEN now() END,
            provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
-           first_attempt_at = coalesce(first_attempt_at, send_started_at),
-           claimed_by = NULL, claim_token = NULL, send_started_at = NULL
+           first_attempt_at = coalesce(first_attempt_at, claimed_at),
+           claimed_by = NULL, claim_token = NULL
      WHERE id = %(job_id)s AND claim_token = %(claim_token)s AND status = 'sending'
-    RETURNING id
-), late_success AS (
-    UPDATE broadcast_jobs
-       SET status = 'sent', sent_at = now(), attempts = attempts + 1, failure_reason = NULL,
-           last_result = %(last_result)s,
-           provider_message_id = coalesce(%(provider_message_id)s, provider_message_id)
-     WHERE %(ok)s AND id = %(job_id)s AND status <> 'sent' AND NOT EXISTS (SELECT FROM result)
     RETURNING id
 ), attempt AS (
     INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at, outcome,
@@ -271,36 +262,38 @@ WITH result AS (
     VALUES (%(job_id)s, %(broadcast_id)s, %(attempt)s, %(node)s, %(node_id)s, %(started_at)s,
             %(outcome)s, %(in_doubt)s, %(phase)s, %(code)s, %(enhanced_code)s, %(last_result)s,
             %(provider_message_id)s, NOT EXISTS (SELECT FROM result))
-), bounce AS (
-    INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code,
-                                 diagnostic, node_id)
-    SELECT %(job_id)s, %(broadcast_id)s, %(campaign_id)s, %(email)s, %(code)s, %(enhanced_code)s,
-           %(last_result)s, %(node_id)s
-     WHERE %(bounce)s AND EXISTS (SELECT FROM result)
-    ON CONFLICT (job_id) DO NOTHING
-), started AS (
-    UPDATE broadcast_jobs SET send_started_at = now()
-     WHERE id = %(next_job_id)s AND claim_token = %(next_claim_token)s AND status = 'sending'
-    RETURNING id
+), next_job AS (
+    SELECT c.status
+      FROM broadcast_jobs j, campaigns c
+     WHERE j.id = %(next_job_id)s AND j.claim_token = %(next_claim_token)s AND j.status = 'sending'
+       AND c.id = %(next_campaign_id)s
 )
-SELECT EXISTS (SELECT FROM result) AS recorded,
-       EXISTS (SELECT FROM late_success) AS late_sent,
-       EXISTS (SELECT FROM started) AS next_started,
-       (SELECT status FROM campaigns WHERE id = %(next_campaign_id)s) AS next_campaign_status;
+SELECT EXISTS (SELECT FROM result), (SELECT status FROM next_job);
 
--- name: job_start
--- The durable mark that a send is starting, when no result is being recorded with it.
-UPDATE broadcast_jobs j SET send_started_at = now()
-  FROM campaigns c
- WHERE j.id = %(job_id)s AND j.claim_token = %(claim_token)s AND j.status = 'sending'
-   AND c.id = %(campaign_id)s
-RETURNING c.status;
+-- name: job_record_bounce
+-- A bounced job's pending on_bounced hooks, in the same commit as its result would be: written
+-- only when the result was ours to record.
+INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code, diagnostic, node_id)
+SELECT j.id, j.broadcast_id, %(campaign_id)s, j.email, %(code)s, %(enhanced_code)s, %(diagnostic)s, %(node_id)s
+  FROM broadcast_jobs j
+ WHERE j.id = %(job_id)s AND j.status = 'failed' AND j.failure_reason = 'bounced'
+ON CONFLICT (job_id) DO NOTHING;
+
+-- name: job_record_late_success
+-- A worker that lost its claim but delivered the message: mark it sent unless someone sent it
+-- since, so it never goes out again just because its worker was slow.
+UPDATE broadcast_jobs
+   SET status = 'sent', sent_at = now(), attempts = attempts + 1, failure_reason = NULL,
+       last_result = %(last_result)s,
+       provider_message_id = coalesce(%(provider_message_id)s, provider_message_id)
+ WHERE id = %(job_id)s AND status <> 'sent'
+RETURNING id;
 
 -- name: jobs_release
 -- Claimed jobs that were never started go back as they were (a shutdown, a pause, a lost claim).
 UPDATE broadcast_jobs j
    SET status = CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END,
-       claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_started_at = NULL
+       claimed_by = NULL, claim_token = NULL, claimed_at = NULL
   FROM unnest(%(job_ids)s::bigint[], %(claim_tokens)s::uuid[]) AS r(id, token)
  WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'sending'
 RETURNING j.id;
@@ -310,7 +303,7 @@ RETURNING j.id;
 -- when their lifeline lock is provably not held (and they held it on this server since its last
 -- start), anyone else's only once their heartbeat is older than the lease (database clock).
 -- Re-checked inside this one statement: still 'sending', same claim, owner still gone.
--- A job whose send had started is in doubt: recorded as such, then retried or failed.
+-- A job whose send may have begun is in doubt: recorded as such, then retried or failed.
 WITH dead AS (
     SELECT n.id, n.name
     FROM nodes n
@@ -325,47 +318,49 @@ WITH dead AS (
                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                    AND l.classid = %(lock_class)s::oid AND l.objid = n.lock_id::oid AND l.objsubid = 2))
       )
-), victims AS (
-    SELECT j.id, j.claim_token, j.claimed_by, j.send_started_at
+), locked AS (
+    SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at
     FROM broadcast_jobs j
     WHERE j.status = 'sending' AND j.claimed_by IN (SELECT id FROM dead)
-    ORDER BY j.id
-    LIMIT 1000
     FOR UPDATE OF j SKIP LOCKED
+), victims AS (
+    -- The lowest-id job of each batch still 'sending' is the one whose send may have begun.
+    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token) AS started
+    FROM locked l
 ), recovered AS (
     UPDATE broadcast_jobs j
        SET status = CASE
-               WHEN v.send_started_at IS NULL THEN CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END
+               WHEN NOT v.started THEN CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END
                WHEN j.rescues + 1 > %(max_rescues)s THEN 'failed'
                WHEN %(in_doubt)s = 'fail' THEN 'failed'
                ELSE 'retry' END,
            failure_reason = CASE
-               WHEN v.send_started_at IS NULL THEN j.failure_reason
+               WHEN NOT v.started THEN j.failure_reason
                WHEN j.rescues + 1 > %(max_rescues)s THEN 'crashed_repeatedly'
                WHEN %(in_doubt)s = 'fail' THEN 'in_doubt'
                ELSE j.failure_reason END,
-           rescues = j.rescues + (v.send_started_at IS NOT NULL)::int,
-           attempts = j.attempts + (v.send_started_at IS NOT NULL)::int,
-           next_attempt_at = CASE WHEN v.send_started_at IS NULL THEN j.next_attempt_at ELSE now() END,
-           first_attempt_at = coalesce(j.first_attempt_at, v.send_started_at),
-           last_result = CASE WHEN v.send_started_at IS NULL THEN j.last_result
-                              ELSE 'in doubt: its node died while sending' END,
-           claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_started_at = NULL
+           rescues = j.rescues + v.started::int,
+           attempts = j.attempts + v.started::int,
+           next_attempt_at = CASE WHEN v.started THEN now() ELSE j.next_attempt_at END,
+           first_attempt_at = CASE WHEN v.started THEN coalesce(j.first_attempt_at, v.claimed_at)
+                                   ELSE j.first_attempt_at END,
+           last_result = CASE WHEN v.started THEN 'in doubt: its node died while sending' ELSE j.last_result END,
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
       FROM victims v
      WHERE j.id = v.id AND j.status = 'sending' AND j.claim_token = v.claim_token
        AND j.claimed_by IN (SELECT id FROM dead)
     RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts,
-              v.send_started_at, v.claimed_by
+              v.started, v.claimed_at, v.claimed_by
 ), logged AS (
     INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at,
                                    outcome, in_doubt, message)
-    SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, r.send_started_at, 'in_doubt', true,
+    SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, r.claimed_at, 'in_doubt', true,
            'in doubt: node ' || coalesce(d.name, '?') || ' (' || r.claimed_by || ') died while sending; '
            || CASE WHEN r.status = 'failed' THEN 'failed as ' || r.failure_reason ELSE 'sent again' END
     FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by
-    WHERE r.send_started_at IS NOT NULL
+    WHERE r.started
 )
-SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.send_started_at IS NOT NULL AS in_doubt,
+SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS in_doubt,
        d.name AS dead_node
 FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
 

@@ -67,6 +67,10 @@ ALTER TABLE campaigns
     ADD CONSTRAINT campaigns_broadcast_fk FOREIGN KEY (broadcast_id) REFERENCES broadcasts (id);
 
 -- The queue: one row per recipient of a broadcast, updated twice per row (claim, result).
+-- A worker claims a small batch (one claim_token for the batch) and sends its jobs in id order,
+-- committing each result before it starts the next send. So the lowest-id job of a batch still
+-- 'sending' is the one whose send may have begun: that fact is durable without a write of its
+-- own, and only that job is in doubt if the node dies; the others were never started.
 -- No foreign keys: broadcasts and subscribers are never deleted, and the hot path should not pay
 -- for a referential check per row or take share locks on the parents.
 -- fillfactor leaves room on each page so a row's new version usually lands on the same page;
@@ -85,7 +89,6 @@ CREATE TABLE broadcast_jobs (
     claimed_by           uuid,
     claimed_at           timestamptz,
     claim_token          uuid,
-    send_started_at      timestamptz,
     first_attempt_at     timestamptz,
     provider_message_id  text,
     last_result          text,
