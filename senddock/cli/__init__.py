@@ -14,7 +14,7 @@ import psycopg
 
 from senddock import __version__
 from senddock.cli import commands, engine
-from senddock.cli.logs import configure_logging
+from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
 from senddock.errors import EXIT_PROBLEMS, EXIT_USAGE, ConfigError, SenddockError
 
@@ -109,6 +109,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     _configure_logging_from(args)
+    try:
+        return _run(args, out)
+    finally:
+        flush_logs()
+
+
+def _run(args: argparse.Namespace, out: Output) -> int:
     try:
         return args.handler(args, out)
     except ConfigError as exc:

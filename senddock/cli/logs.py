@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
+import threading
 
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+FLUSH_INTERVAL = 0.2  # seconds a JSON log line may wait in the buffer
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
-    """Logs go to stderr, so stdout carries only command results."""
+    """Logs go to stderr, so stdout carries only command results.
+
+    On a terminal each line is written at once. JSON lines (for machines) are buffered and flushed
+    every 200 ms: writing and flushing one line per send from several worker threads costs more
+    than the send's own database work. A kill -9 can lose the last fraction of a second of log
+    lines; the delivery log in the database (delivery_attempts) loses nothing.
+    """
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer = structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
+    sink = _CurrentStderr() if use_console else _BufferedStderr.shared()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -23,16 +33,73 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=lambda *args: structlog.PrintLogger(_CurrentStderr()),
+        logger_factory=lambda *args: _LineLogger(sink),
         cache_logger_on_first_use=True,  # binding a lazy logger on every call shows up in the send loop
     )
+
+
+class _LineLogger:
+    """The minimal logger structlog needs: one rendered line per call."""
+
+    def __init__(self, sink) -> None:
+        self._sink = sink
+
+    def msg(self, message: str) -> None:
+        self._sink.write_line(message)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
 
 class _CurrentStderr:
     """sys.stderr as it is at each write, so a replaced stream (tests, daemons) is honoured."""
 
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+    def write_line(self, line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
     def flush(self) -> None:
         sys.stderr.flush()
+
+
+class _BufferedStderr(_CurrentStderr):
+    """Lines collected under a lock and written to sys.stderr by a flusher thread and at exit."""
+
+    _instance: _BufferedStderr | None = None
+
+    @classmethod
+    def shared(cls) -> _BufferedStderr:
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._flush_forever, name="senddock-log-flush", daemon=True).start()
+        atexit.register(self.flush)
+
+    def write_line(self, line: str) -> None:
+        with self._lock:
+            self._lines.append(line)
+
+    def flush(self) -> None:
+        with self._lock:
+            lines, self._lines = self._lines, []
+        if lines:
+            try:
+                sys.stderr.write("\n".join(lines) + "\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass  # stderr closed (a daemon, the end of a test): nothing left to tell
+
+    def _flush_forever(self) -> None:
+        event = threading.Event()
+        while True:
+            event.wait(FLUSH_INTERVAL)
+            self.flush()
+
+
+def flush_logs() -> None:
+    """Write out buffered log lines now (the end of a command)."""
+    if _BufferedStderr._instance is not None:
+        _BufferedStderr._instance.flush()
