@@ -108,3 +108,46 @@ def test_in_doubt_fail_policy(make_config, database_dsn, smtp_sink, tmp_path: Pa
     assert smtp_sink.received == []
     assert app.campaign_status(campaign_id).status == "finished"
     app.close()
+
+
+def test_a_job_recovered_too_often_fails_as_crashed_repeatedly(make_config, smtp_sink):
+    from senddock.testing import drain
+
+    app = Senddock(make_config(fast_settings(smtp_sink.port, recovery={"heartbeat": "200ms", "lease": "1s",
+                                                                        "max_rescues": 2})))
+    campaign_id = make_broadcast(app, ["poison@example.com"])
+    with app.db.connection() as conn:
+        conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) "
+                     "VALUES ('00000000-0000-0000-0000-000000000002', 'ghost', 'h', 1, now() - interval '1 hour')")
+        conn.execute("UPDATE broadcast_jobs SET status = 'sending', rescues = 2, "
+                     "claimed_by = '00000000-0000-0000-0000-000000000002', claim_token = gen_random_uuid(), "
+                     "claimed_at = now()")
+    drain(app.config)
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT status, failure_reason, rescues FROM broadcast_jobs").fetchone() == (
+            "failed", "crashed_repeatedly", 3)
+    assert smtp_sink.received == []
+    assert app.campaign_status(campaign_id).status == "finished"
+    app.close()
+
+
+def test_bounce_hooks_that_did_not_complete_run_again_at_recovery(make_config, smtp_sink):
+    from senddock.testing import drain
+
+    app = Senddock(make_config(fast_settings(smtp_sink.port)))
+    campaign_id = make_broadcast(app, ["dead@example.com"])
+    # The bounce committed, then the node died before its on_bounced hooks returned.
+    with app.db.connection() as conn:
+        conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) "
+                     "VALUES ('00000000-0000-0000-0000-000000000003', 'ghost', 'h', 1, now() - interval '1 hour')")
+        job_id, broadcast_id = conn.execute("UPDATE broadcast_jobs SET status = 'failed', failure_reason = 'bounced', "
+                                            "attempts = 1 RETURNING id, broadcast_id").fetchone()
+        conn.execute("INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code, "
+                     "diagnostic, node_id) VALUES (%s, %s, %s, 'dead@example.com', 550, '5.1.1', '550 5.1.1 no such user', "
+                     "'00000000-0000-0000-0000-000000000003')", (job_id, broadcast_id, campaign_id))
+    drain(app.config)
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT email, reason, code FROM suppressions").fetchall() == [
+            ("dead@example.com", "bounced", "550 5.1.1")]
+        assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)
+    app.close()

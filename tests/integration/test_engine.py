@@ -170,3 +170,25 @@ def test_smtp_server_down_for_a_while_then_back(app_for):
         drain(app.config)
         assert sorted(r.recipients[0] for r in sink.received) == sorted(f"user{i}@example.com" for i in range(10))
     assert app.campaign_status(campaign_id).status == "finished"
+
+
+def test_idle_workers_wake_on_new_work_without_waiting_for_the_poll(app_for, smtp_sink):
+    import threading
+    import time
+
+    from senddock.core.runner import Runner
+
+    app = app_for(fast_settings(smtp_sink.port, poll_interval="60s"))
+    runner = Runner(app.config)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        time.sleep(1.0)  # the workers have found nothing and wait for the (60 s) poll
+        make_broadcast(app, ["early@example.com"])
+        deadline = time.monotonic() + 20
+        while not smtp_sink.received and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [r.recipients[0] for r in smtp_sink.received] == ["early@example.com"]
+    finally:
+        runner.request_stop()
+        thread.join(30)
