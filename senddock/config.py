@@ -56,6 +56,7 @@ class DatabaseSettings:
     pool_size: int
     connect_timeout: float
     auto_migrate: bool
+    result_commit: str = "async"
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class Config:
             pool_size=db["pool_size"],
             connect_timeout=parse_duration(db["connect_timeout"]),
             auto_migrate=db["auto_migrate"],
+            result_commit=db["result_commit"],
         )
 
     @property

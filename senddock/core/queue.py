@@ -71,9 +71,10 @@ class RecoveredJob:
 class Queue:
     """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
 
-    def __init__(self, conn: psycopg.Connection, node: NodeIdentity) -> None:
+    def __init__(self, conn: psycopg.Connection, node: NodeIdentity, *, result_commit: str = "async") -> None:
         self.conn = conn
         self.node = node
+        self._synchronous_commit = "off" if result_commit == "async" else "on"
 
     def claim(self, limit: int) -> list[ClaimedJob]:
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
@@ -110,18 +111,19 @@ class Queue:
             "next_job_id": next_job.id if next_job else None,
             "next_claim_token": next_job.claim_token if next_job else None,
             "next_campaign_id": next_job.campaign_id if next_job else None,
+            "synchronous_commit": self._synchronous_commit,
         }
         if result.bounce:
             # The pending hooks row commits with the bounce, so a crash cannot lose the suppression.
             with self.conn.transaction():
-                recorded, next_status = self.conn.execute(query("job_record_result"), params).fetchone()
+                recorded, next_status, _ = self.conn.execute(query("job_record_result"), params).fetchone()
                 if recorded:
                     self.conn.execute(query("job_record_bounce"), {
                         "job_id": job.id, "campaign_id": job.campaign_id, "code": result.code,
                         "enhanced_code": result.enhanced_code, "diagnostic": params["last_result"],
                         "node_id": self.node.id})
         else:
-            recorded, next_status = self.conn.execute(query("job_record_result"), params).fetchone()
+            recorded, next_status, _ = self.conn.execute(query("job_record_result"), params).fetchone()
         late_sent = False
         if not recorded and result.ok:
             late_sent = self.conn.execute(query("job_record_late_success"), params).fetchone() is not None
@@ -147,6 +149,13 @@ class Queue:
         }
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
             return cur.execute(query("jobs_recover"), params).fetchall()
+
+    def recover_orphans(self, held_tokens: Sequence[uuid.UUID], *, grace: float, in_doubt: str,
+                        max_rescues: int) -> list[RecoveredJob]:
+        params = {"node_id": self.node.id, "name": self.node.name, "held_tokens": list(held_tokens),
+                  "grace": grace, "in_doubt": in_doubt, "max_rescues": max_rescues}
+        with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
+            return cur.execute(query("jobs_recover_orphans"), params).fetchall()
 
     def pause_campaign(self, campaign_id: int, reason: str) -> bool:
         return self.conn.execute(query("campaign_pause"), {"campaign_id": campaign_id, "reason": reason}).fetchone() is not None

@@ -29,6 +29,9 @@ from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, J
 
 log = structlog.get_logger(__name__)
 
+# A claim younger than this is never an orphan: its worker may not have registered its token yet.
+ORPHAN_GRACE = 5.0
+
 
 @dataclass
 class RunStats:
@@ -68,6 +71,11 @@ class Runner:
         self._failures_lock = threading.Lock()
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
         self.workers: list[Worker] = []
+        # Claim tokens of the batches workers hold; set.add/discard are atomic under the GIL.
+        self.held_tokens: set = set()
+
+    def queue(self, conn: psycopg.Connection) -> Queue:
+        return Queue(conn, self.node, result_commit=self.config.database.result_commit)
 
     # -- shared with workers -------------------------------------------------------------------
 
@@ -88,7 +96,7 @@ class Runner:
 
     def pause_campaign(self, campaign_id: int, reason: str) -> None:
         with self.db.connection() as conn:
-            if Queue(conn, self.node).pause_campaign(campaign_id, reason):
+            if self.queue(conn).pause_campaign(campaign_id, reason):
                 log.warning("campaign_paused", campaign_id=campaign_id, reason=reason)
         with self._failures_lock:
             self._failures.pop(campaign_id, None)
@@ -116,7 +124,7 @@ class Runner:
             return False
         if bounce.job is not None:
             with self.db.connection() as conn:
-                Queue(conn, self.node).bounce_done(bounce.job.job_id)
+                self.queue(conn).bounce_done(bounce.job.job_id)
         return True
 
     # -- the node --------------------------------------------------------------------------------
@@ -152,7 +160,7 @@ class Runner:
     def _chores(self) -> None:
         try:
             with self.db.connection() as conn:
-                queue = Queue(conn, self.node)
+                queue = self.queue(conn)
                 recovery = self.config.recovery
                 while True:
                     recovered = queue.recover(
@@ -164,7 +172,15 @@ class Runner:
                     self.stats.count("recovered", len(recovered))
                     if len(recovered) < 1000:
                         break
-                if recovered:
+                orphans = queue.recover_orphans(
+                    list(self.held_tokens), grace=ORPHAN_GRACE, in_doubt=recovery.in_doubt,
+                    max_rescues=recovery.max_rescues,
+                )
+                for job in orphans:
+                    log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
+                                in_doubt=True, failure_reason=job.failure_reason, reason="result_lost")
+                self.stats.count("recovered", len(orphans))
+                if recovered or orphans:
                     self.wake_workers()
                 for row in queue.pending_bounces(recovery.lease):
                     self.run_bounce_hooks(Bounce(
@@ -181,7 +197,7 @@ class Runner:
             return False
         try:
             with self.db.connection() as conn:
-                return not Queue(conn, self.node).due_work_exists() and not any(w.busy for w in self.workers)
+                return not self.queue(conn).due_work_exists() and not any(w.busy for w in self.workers)
         except psycopg.OperationalError:
             return False
 

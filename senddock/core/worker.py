@@ -42,7 +42,7 @@ class Worker(threading.Thread):
                 try:
                     with runner.db.connection() as conn:
                         backoff = 0.1
-                        self._loop(Queue(conn, runner.node))
+                        self._loop(runner.queue(conn))
                 except psycopg.OperationalError as exc:
                     self.busy = False
                     log.warning("worker_db_lost", worker=self.index, error=_last_line(exc), retry_in=backoff)
@@ -71,7 +71,12 @@ class Worker(threading.Thread):
                         log.info("job_suppressed", job_id=job.id, broadcast_id=job.broadcast_id)
                 live = [j for j in batch if not j.suppressed]
                 if live:
-                    self._send_batch(queue, live)
+                    token = live[0].claim_token
+                    runner.held_tokens.add(token)  # not an orphan while this worker holds it
+                    try:
+                        self._send_batch(queue, live)
+                    finally:
+                        runner.held_tokens.discard(token)
                 if len(batch) < runner.config.claim_batch:
                     # The queue is running dry: the last results may have finished a campaign.
                     runner.finish_campaigns(queue, {j.broadcast_id for j in batch})
@@ -122,7 +127,7 @@ class Worker(threading.Thread):
         while True:
             try:
                 with self.runner.db.connection() as conn:
-                    return Queue(conn, self.runner.node).record(job, attempt, started_at, outcome, next_job)
+                    return self.runner.queue(conn).record(job, attempt, started_at, outcome, next_job)
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
                     raise

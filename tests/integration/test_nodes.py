@@ -84,9 +84,9 @@ def test_a_fenced_out_worker_cannot_overwrite_the_reassigned_job(senddock_app, d
         fast = register(conn_b, "fast")
         queue_a, queue_b = Queue(conn_a, slow), Queue(conn_b, fast)
         first_a, second_a = queue_a.claim(5)  # the slow node is sending the first; the second waits
-        # The slow node's lease runs out while it is still sending.
-        conn_a.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (slow.id,))
-        recovered = {r.email: (r.status, r.in_doubt) for r in queue_b.recover(lease=30, in_doubt="retry", max_rescues=5)}
+        # The slow node's lease runs out while it is still sending (the server kept running).
+        conn_a.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 second' WHERE id = %s", (slow.id,))
+        recovered = {r.email: (r.status, r.in_doubt) for r in queue_b.recover(lease=0.5, in_doubt="retry", max_rescues=5)}
         # Only the batch's first unfinished job may have been sending: in doubt. The other was never started.
         assert recovered == {"a@example.com": ("retry", True), "b@example.com": ("pending", False)}
         first_b, second_b = queue_b.claim(5)
@@ -110,6 +110,35 @@ def test_a_fenced_out_worker_cannot_overwrite_the_reassigned_job(senddock_app, d
         assert conn_a.execute("SELECT status FROM broadcast_jobs WHERE id = %s", (first_a.id,)).fetchone() == ("sent",)
         log = conn_a.execute("SELECT node, outcome, claim_lost FROM delivery_attempts ORDER BY id").fetchall()
     assert log == [("fast", "in_doubt", False), ("slow", "retry", True), ("slow", "sent", True), ("fast", "retry", True)]
+
+
+def test_after_a_server_restart_every_job_of_a_dead_node_is_in_doubt(senddock_app, database_dsn):
+    """Results committed asynchronously may have been lost in the crash: batch order proves nothing."""
+    make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        gone = register(conn, "gone")
+        Queue(conn, gone).claim(5)
+        conn.execute("UPDATE nodes SET heartbeat_at = pg_postmaster_start_time() - interval '1 minute' "
+                     "WHERE id = %s", (gone.id,))
+        survivor = register(conn, "survivor")
+        recovered = Queue(conn, survivor).recover(lease=30, in_doubt="retry", max_rescues=5)
+    assert sorted((r.email, r.in_doubt) for r in recovered) == [("a@example.com", True), ("b@example.com", True)]
+
+
+def test_a_live_nodes_orphaned_jobs_are_recovered_as_in_doubt(senddock_app, database_dsn):
+    """Jobs of this node that no worker holds (their results were lost) come back, all in doubt."""
+    make_broadcast(senddock_app, ["a@example.com", "b@example.com", "c@example.com"])
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        me = register(conn, "me")
+        queue = Queue(conn, me)
+        held = queue.claim(2)
+        conn.execute("UPDATE broadcast_jobs SET claimed_at = now() - interval '1 minute'")
+        assert queue.recover_orphans([held[0].claim_token], grace=5, in_doubt="retry", max_rescues=5) == []
+        orphans = queue.recover_orphans([], grace=5, in_doubt="retry", max_rescues=5)
+        assert sorted((r.email, r.status) for r in orphans) == [("a@example.com", "retry"), ("b@example.com", "retry")]
+        young = queue.claim(5)
+        assert queue.recover_orphans([], grace=5, in_doubt="retry", max_rescues=5) == []  # just claimed
+        assert len(young) == 3
 
 
 def test_a_live_node_of_the_same_name_keeps_its_jobs(senddock_app, database_dsn):

@@ -268,7 +268,10 @@ WITH result AS (
      WHERE j.id = %(next_job_id)s AND j.claim_token = %(next_claim_token)s AND j.status = 'sending'
        AND c.id = %(next_campaign_id)s
 )
-SELECT EXISTS (SELECT FROM result), (SELECT status FROM next_job);
+-- synchronous_commit for this commit only: 'off' with database.result_commit: async (claims stay
+-- synchronous; a Postgres crash that loses results turns those jobs into recorded in-doubt jobs).
+SELECT EXISTS (SELECT FROM result), (SELECT status FROM next_job),
+       set_config('synchronous_commit', %(synchronous_commit)s, true);
 
 -- name: job_record_bounce
 -- A bounced job's pending on_bounced hooks, in the same commit as its result would be: written
@@ -324,9 +327,12 @@ WITH dead AS (
     WHERE j.status = 'sending' AND j.claimed_by IN (SELECT id FROM dead)
     FOR UPDATE OF j SKIP LOCKED
 ), victims AS (
-    -- The lowest-id job of each batch still 'sending' is the one whose send may have begun.
-    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token) AS started
-    FROM locked l
+    -- The lowest-id job of each batch still 'sending' is the one whose send may have begun;
+    -- every one of them may have, if the server restarted since the node's last heartbeat (a
+    -- crash may have lost results committed asynchronously).
+    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token)
+                OR n.heartbeat_at < pg_postmaster_start_time() AS started
+    FROM locked l JOIN nodes n ON n.id = l.claimed_by
 ), recovered AS (
     UPDATE broadcast_jobs j
        SET status = CASE
@@ -363,6 +369,39 @@ WITH dead AS (
 SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS in_doubt,
        d.name AS dead_node
 FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
+
+-- name: jobs_recover_orphans
+-- This live node's own jobs that no worker holds any more: their results were lost (a Postgres
+-- crash ate asynchronous commits, or a worker gave up committing after the lease). The worker
+-- had finished with the batch, so each of them may have been sent: all are in doubt.
+WITH orphans AS (
+    SELECT j.id, j.claim_token
+    FROM broadcast_jobs j
+    WHERE j.status = 'sending' AND j.claimed_by = %(node_id)s
+      AND j.claim_token <> ALL (%(held_tokens)s::uuid[])
+      AND j.claimed_at < now() - make_interval(secs => %(grace)s::float8)
+    FOR UPDATE SKIP LOCKED
+), recovered AS (
+    UPDATE broadcast_jobs j
+       SET status = CASE WHEN j.rescues + 1 > %(max_rescues)s OR %(in_doubt)s = 'fail' THEN 'failed' ELSE 'retry' END,
+           failure_reason = CASE WHEN j.rescues + 1 > %(max_rescues)s THEN 'crashed_repeatedly'
+                                 WHEN %(in_doubt)s = 'fail' THEN 'in_doubt' ELSE j.failure_reason END,
+           rescues = j.rescues + 1, attempts = j.attempts + 1, next_attempt_at = now(),
+           first_attempt_at = coalesce(j.first_attempt_at, j.claimed_at),
+           last_result = 'in doubt: its result was lost before it was committed',
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+      FROM orphans o
+     WHERE j.id = o.id AND j.claim_token = o.claim_token AND j.status = 'sending'
+    RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts, o.claim_token
+), logged AS (
+    INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, outcome, in_doubt, message)
+    SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, 'in_doubt', true,
+           'in doubt: its result was lost before it was committed; '
+           || CASE WHEN r.status = 'failed' THEN 'failed as ' || r.failure_reason ELSE 'sent again' END
+    FROM recovered r
+)
+SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, true AS in_doubt, %(name)s AS dead_node
+FROM recovered r;
 
 -- name: campaign_pause
 UPDATE campaigns SET status = 'paused', paused_reason = %(reason)s, updated_at = now()
