@@ -22,6 +22,7 @@ from pathlib import Path
 import psycopg
 
 from senddock.api import Senddock
+from senddock.cli.logs import configure_logging
 from senddock.config import load_config
 from senddock.core.db import Database, embedded_server
 from senddock.testing import create_database, drop_database, migrate_database
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    configure_logging("warning", "json")  # log lines to stderr, not among the results
     with tempfile.TemporaryDirectory() as folder:
         admin = embedded_server(Path(folder) / "pgdata").get_uri() if args.embedded else args.dsn
         name = f"senddock_bench_{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,126 @@
+"""Benchmark: `senddock run` draining a broadcast over SMTP, against a bare smtplib loop, in one run.
+
+    python bench/smtp_drain.py [--dsn ADMIN_DSN | --embedded] [--messages 20000] [--workers 5]
+
+Both sides deliver the same number of small messages to a local SMTP sink (senddock.sink.Sink, an
+aiosmtpd server in this process) over one reused connection per worker thread. The bare side is
+what a script with no queue would do: build an EmailMessage and sendmail() it, nothing durable.
+senddock adds everything the queue costs: claims, one commit per message, MIME rendering from the
+campaign, plugin calls, classification and logging. Sides alternate; the best of two is kept, and
+the sink must have received every message on every run. The sink is slow (aiosmtpd parses every
+message) and runs in this process, so both rates are partly bounded by it: the busy CPU of the
+whole machine per message is printed beside each rate to show the cost a rate may hide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import smtplib
+import tempfile
+import threading
+import time
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from pathlib import Path
+
+import psutil
+
+from common import bench_config, enqueue, fill_list, open_app, reset_jobs, scratch_database
+from senddock.cli.logs import configure_logging
+from senddock.core.runner import Runner
+from senddock.sink import Sink
+
+
+def bare_loop(port: int, messages: int, workers: int) -> None:
+    def work(index: int, count: int) -> None:
+        # One connection per thread for the whole run, as senddock's SMTP transport keeps one per worker.
+        with smtplib.SMTP("127.0.0.1", port, timeout=30) as conn:
+            conn.ehlo()
+            for i in range(count):
+                # Built per message, like senddock renders one per job: same headers, similar size.
+                msg = EmailMessage()
+                msg["From"] = "Bench <bench@example.com>"
+                msg["To"] = f"user{index}_{i}@example{i % 50}.com"
+                msg["Subject"] = "Hi"
+                msg["Message-ID"] = make_msgid(domain="example.com")
+                msg["Date"] = formatdate(localtime=False, usegmt=True)
+                msg.set_content("Hello")
+                conn.sendmail("bench@example.com", [msg["To"]], msg.as_bytes())
+
+    share, extra = divmod(messages, workers)
+    threads = [threading.Thread(target=work, args=(i, share + (i < extra))) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine (Postgres and the sink included)."""
+    times = psutil.cpu_times()
+    return times.user + times.system + getattr(times, "softirq", 0) + getattr(times, "irq", 0)
+
+
+def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
+    fill_list(dsn, messages)
+    rates: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    for side in ("bare", "senddock", "bare", "senddock"):  # alternate, keep the best of two
+        with Sink("127.0.0.1", 0) as sink:  # a fresh sink: its received list counts only this run
+            if side == "bare":
+                started, machine = time.perf_counter(), _machine_cpu()
+                bare_loop(sink.port, messages, workers)
+                seconds = time.perf_counter() - started
+                machine_us = (_machine_cpu() - machine) / messages * 1e6
+            else:
+                reset_jobs(dsn)
+                config = bench_config(dsn, folder, {
+                    "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port},
+                    "workers": workers, "poll_interval": "100ms"})
+                app = open_app(config, dsn)
+                campaign_id, _ = enqueue(app)  # outside the timing, like the bare side's fill
+                started, machine = time.perf_counter(), _machine_cpu()
+                Runner(config, exit_when_idle=True).run()
+                seconds = time.perf_counter() - started
+                machine_us = (_machine_cpu() - machine) / messages * 1e6
+                sent = app.campaign_status(campaign_id).sent
+                app.close()
+                assert sent == messages, f"senddock marked {sent} of {messages} sent"
+            received = len(sink.received)
+        assert received == messages, f"{side}: the sink received {received} of {messages} messages"
+        rate = messages / seconds
+        rates[side] = max(rates.get(side, 0.0), rate)
+        cpu[side] = min(cpu.get(side, float("inf")), machine_us)
+        # The sink shares this machine (and this process's GIL): when it is the bottleneck both rates
+        # approach its speed, so CPU per message on the whole machine shows the cost the rate may hide.
+        print(f"  {side:>8}: {messages:,} messages in {seconds:.1f}s = {rate:,.0f} messages/s "
+              f"(sink received {received:,}; machine CPU {machine_us:,.0f} us/message)", flush=True)
+    return {"messages": messages, "workers": workers,
+            "bare_messages_per_s": round(rates["bare"]), "senddock_messages_per_s": round(rates["senddock"]),
+            "ratio": round(rates["senddock"] / rates["bare"], 2), "target_ratio": 0.5,
+            "bare_machine_cpu_us_per_message": round(cpu["bare"]),
+            "senddock_machine_cpu_us_per_message": round(cpu["senddock"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test")
+    parser.add_argument("--embedded", action="store_true")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=5)
+    parser.add_argument("--log", choices=["info", "warning"], default="info",
+                        help="senddock's log level; info (the default of `senddock run`) writes one JSON line "
+                             "per attempt, here to stderr")
+    args = parser.parse_args()
+    # As `senddock run` does when its stderr is not a terminal: buffered JSON lines.
+    configure_logging(args.log, "json")
+    with tempfile.TemporaryDirectory() as folder, scratch_database(None if args.embedded else args.dsn) as dsn:
+        row = measure(dsn, args.messages, args.workers, Path(folder))
+    print(f"senddock {row['senddock_messages_per_s']:,} messages/s vs bare smtplib "
+          f"{row['bare_messages_per_s']:,} messages/s: ratio {row['ratio']}x (target >= 0.5)")
+    print(json.dumps({"benchmark": "smtp_drain", **row}))
+
+
+if __name__ == "__main__":
+    main()
