@@ -30,8 +30,9 @@ def run(args: argparse.Namespace, out: Output) -> int:
 
 
 def _stop_on_signals(stop) -> None:
+    # Only set a flag here: a handler that logs could deadlock on a lock the interrupted main
+    # thread holds (the log buffer's).
     def handler(signum, frame):  # noqa: ARG001
-        log.info("stop_requested", signal=signal.Signals(signum).name)
         stop()
 
     if threading.current_thread() is threading.main_thread():

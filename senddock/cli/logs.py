@@ -83,14 +83,15 @@ class _BufferedStderr(_CurrentStderr):
             self._lines.append(line)
 
     def flush(self) -> None:
+        # Written under the lock, so two flushes (the thread's, the exit's) keep the lines' order.
         with self._lock:
             lines, self._lines = self._lines, []
-        if lines:
-            try:
-                sys.stderr.write("\n".join(lines) + "\n")
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass  # stderr closed (a daemon, the end of a test): nothing left to tell
+            if lines:
+                try:
+                    sys.stderr.write("\n".join(lines) + "\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass  # stderr closed (a daemon, the end of a test): nothing left to tell
 
     def _flush_forever(self) -> None:
         event = threading.Event()

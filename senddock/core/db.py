@@ -45,8 +45,16 @@ def resolve_dsn(settings: DatabaseSettings) -> str:
 class Database:
     """A connection pool on the configured database."""
 
-    def __init__(self, settings: DatabaseSettings, *, dsn: str | None = None, application_name: str = "senddock"):
+    def __init__(
+        self,
+        settings: DatabaseSettings,
+        *,
+        dsn: str | None = None,
+        application_name: str = "senddock",
+        pool_size: int | None = None,
+    ):
         self.settings = settings
+        self._pool_size = pool_size or settings.pool_size
         self.dsn = dsn or resolve_dsn(settings)
         self._application_name = application_name
         self._pool: ConnectionPool | None = None
@@ -60,7 +68,7 @@ class Database:
             self._pool = ConnectionPool(
                 self.dsn,
                 min_size=1,
-                max_size=self.settings.pool_size,
+                max_size=self._pool_size,
                 kwargs=self.connect_kwargs(),
                 # A connection broken by a Postgres restart is replaced instead of handed out.
                 check=ConnectionPool.check_connection,

@@ -53,7 +53,8 @@ class Lifeline(threading.Thread):
         self._heartbeat = config.recovery.heartbeat
         self._lease = config.recovery.lease
         self._stop_event = threading.Event()
-        self._last_ok = time.monotonic()  # the node registered just before the lifeline starts
+        self._last_ok = time.monotonic()
+        self._lock_held = False
         self.lock_id: int | None = None
         self.registered = threading.Event()
         self.error: BaseException | None = None
@@ -61,12 +62,14 @@ class Lifeline(threading.Thread):
     # -- what workers ask ----------------------------------------------------------------------
 
     def may_send(self) -> bool:
-        """False once the last good heartbeat is older than the lease minus two heartbeats.
+        """False while the lifeline's lock is not held, and once the last good heartbeat is older
+        than the lease minus two heartbeats.
 
-        By then another node may soon take this node's jobs; stopping first keeps a message from
-        being sent twice. Measured on the monotonic clock, immune to wall-clock jumps.
+        Without the lock, a new incarnation of this node's name may take its jobs at once; after
+        the lease anyone may. Stopping first keeps a message from being sent twice. Measured on
+        the monotonic clock, immune to wall-clock jumps.
         """
-        return time.monotonic() - self._last_ok < self._lease - 2 * self._heartbeat
+        return self._lock_held and time.monotonic() - self._last_ok < self._lease - 2 * self._heartbeat
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -81,6 +84,7 @@ class Lifeline(threading.Thread):
                     backoff = 0.1
                     self._serve(conn)
             except Exception as exc:
+                self._lock_held = False  # the session that held it is gone
                 if not self.registered.is_set() and not isinstance(exc, (psycopg.OperationalError, OSError)):
                     self.error = exc  # registration failed for good: the runner reports it
                     self.registered.set()
@@ -107,6 +111,7 @@ class Lifeline(threading.Thread):
         self._take_lock(conn)
         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         self._beat(conn)
+        self._lock_held = True
         self.registered.set()
         log.info("lifeline_up", node=self._node.name, node_id=str(self._node.id), lock_id=self.lock_id)
         self._wake()  # work may have arrived while we were away
@@ -121,6 +126,7 @@ class Lifeline(threading.Thread):
             if time.monotonic() >= next_beat:
                 self._beat(conn)
                 next_beat = time.monotonic() + self._heartbeat
+        self._lock_held = False
         conn.execute(query("node_stopped"), {"node_id": self._node.id})
 
     def _take_lock(self, conn: psycopg.Connection) -> None:
@@ -132,8 +138,10 @@ class Lifeline(threading.Thread):
             time.sleep(0.2)
 
     def _beat(self, conn: psycopg.Connection) -> None:
+        # The time before the statement: heartbeat_at is the statement's start on the database.
+        sent = time.monotonic()
         conn.execute(query("node_heartbeat"), {"node_id": self._node.id})
-        self._last_ok = time.monotonic()
+        self._last_ok = sent
 
 
 def _last_line(exc: BaseException) -> str:

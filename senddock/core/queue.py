@@ -55,6 +55,7 @@ class Recorded:
     late_sent: bool  # the claim was lost but the delivered message was marked sent
     next_ours: bool  # the batch's next job is still claimed by us (False: its claim was lost)
     next_campaign_status: str | None
+    batch_released: bool = False  # the rest of the batch was put back (after a reconnect)
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,10 @@ class Queue:
         self.node = node
         self._synchronous_commit = "off" if result_commit == "async" else "on"
 
-    def claim(self, limit: int) -> list[ClaimedJob]:
+    def claim(self, limit: int, token: uuid.UUID | None = None) -> list[ClaimedJob]:
+        params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4()}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
-            jobs = cur.execute(query("jobs_claim"), {"limit": limit, "node_id": self.node.id}).fetchall()
+            jobs = cur.execute(query("jobs_claim"), params).fetchall()
         return sorted(jobs, key=lambda j: j.id)
 
     def record(
@@ -98,7 +100,8 @@ class Queue:
             "counts": int(result.counts),
             "delay": result.delay,
             "failure_reason": result.failure_reason,
-            "last_result": result.last_result[:2000],
+            # Servers' text goes into text columns: a NUL byte would make the whole commit fail.
+            "last_result": result.last_result[:2000].replace("\x00", ""),
             "provider_message_id": result.provider_message_id,
             "node": self.node.name,
             "node_id": self.node.id,
@@ -150,10 +153,9 @@ class Queue:
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
             return cur.execute(query("jobs_recover"), params).fetchall()
 
-    def recover_orphans(self, held_tokens: Sequence[uuid.UUID], *, grace: float, in_doubt: str,
-                        max_rescues: int) -> list[RecoveredJob]:
+    def recover_orphans(self, held_tokens: Sequence[uuid.UUID], *, in_doubt: str, max_rescues: int) -> list[RecoveredJob]:
         params = {"node_id": self.node.id, "name": self.node.name, "held_tokens": list(held_tokens),
-                  "grace": grace, "in_doubt": in_doubt, "max_rescues": max_rescues}
+                  "in_doubt": in_doubt, "max_rescues": max_rescues}
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
             return cur.execute(query("jobs_recover_orphans"), params).fetchall()
 
@@ -176,6 +178,9 @@ class Queue:
 
     def bounce_done(self, job_id: int) -> None:
         self.conn.execute(query("bounce_done"), {"job_id": job_id})
+
+    def bounce_retry_later(self, job_id: int) -> None:
+        self.conn.execute(query("bounce_retry_later"), {"job_id": job_id})
 
     def campaign_content(self, campaign_id: int) -> dict[str, Any] | None:
         with self.conn.cursor(row_factory=dict_row) as cur:

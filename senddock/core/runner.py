@@ -12,7 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psycopg
@@ -21,16 +22,13 @@ import structlog
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.nodes import Lifeline, NodeIdentity
-from senddock.core.queue import JobResult, Queue
+from senddock.core.queue import Queue
 from senddock.core.suppressions import Suppressions
 from senddock.core.worker import Worker
 from senddock.errors import DatabaseError
 from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef, Outcome
 
 log = structlog.get_logger(__name__)
-
-# A claim younger than this is never an orphan: its worker may not have registered its token yet.
-ORPHAN_GRACE = 5.0
 
 
 @dataclass
@@ -59,9 +57,11 @@ class Runner:
     ) -> None:
         self.config = config
         self.pm = config.plugin_manager
-        self.db = db or Database(config.database, application_name="senddock-run")
-        self.node = NodeIdentity.new(node_name or config.node_name)
         self.worker_count = workers or config.workers
+        # One connection per worker, plus the chores and the suppressions' writes.
+        pool_size = max(config.database.pool_size, self.worker_count + 3)
+        self.db = db or Database(config.database, application_name="senddock-run", pool_size=pool_size)
+        self.node = NodeIdentity.new(node_name or config.node_name)
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self.stats = RunStats()
@@ -94,14 +94,24 @@ class Runner:
             for campaign_id, finished_broadcast in queue.finish_campaigns(broadcast_id):
                 log.info("campaign_finished", campaign_id=campaign_id, broadcast_id=finished_broadcast)
 
-    def pause_campaign(self, campaign_id: int, reason: str) -> None:
-        with self.db.connection() as conn:
-            if self.queue(conn).pause_campaign(campaign_id, reason):
+    @contextmanager
+    def _queue_for(self, queue: Queue | None) -> Iterator[Queue]:
+        """The worker's own queue when it has one: a second pooled connection per worker could
+        starve the pool."""
+        if queue is not None:
+            yield queue
+        else:
+            with self.db.connection() as conn:
+                yield self.queue(conn)
+
+    def pause_campaign(self, campaign_id: int, reason: str, queue: Queue | None = None) -> None:
+        with self._queue_for(queue) as q:
+            if q.pause_campaign(campaign_id, reason):
                 log.warning("campaign_paused", campaign_id=campaign_id, reason=reason)
         with self._failures_lock:
             self._failures.pop(campaign_id, None)
 
-    def track_failures(self, campaign_id: int, verdict: Classification, outcome: JobResult) -> None:
+    def track_failures(self, campaign_id: int, verdict: Classification, queue: Queue | None = None) -> None:
         """Pause a campaign after too many failures in a row that no recipient caused."""
         not_about_recipient = verdict.outcome in (Outcome.RETRY, Outcome.FAIL) and not verdict.about_recipient
         with self._failures_lock:
@@ -112,20 +122,21 @@ class Runner:
             reached = self._failures[campaign_id] >= self.config.max_consecutive_failures
         if reached:
             self.pause_campaign(
-                campaign_id, f"{self.config.max_consecutive_failures} consecutive failures: {verdict.reason}"
+                campaign_id, f"{self.config.max_consecutive_failures} consecutive failures: {verdict.reason}", queue
             )
 
-    def run_bounce_hooks(self, bounce: Bounce) -> bool:
+    def run_bounce_hooks(self, bounce: Bounce, queue: Queue | None = None) -> bool:
         """on_bounced for every plugin, outside any transaction; the pending row goes once all returned."""
         try:
             self.pm.hook.on_bounced(bounce=bounce, suppressions=self.suppressions, config=self.config)
+            done = True
         except Exception as exc:
-            log.error("plugin_failed", hook="on_bounced", error=repr(exc), email=bounce.email)
-            return False
+            log.error("plugin_failed", hook="on_bounced", error=repr(exc), email=bounce.email, retry_in="10m")
+            done = False
         if bounce.job is not None:
-            with self.db.connection() as conn:
-                self.queue(conn).bounce_done(bounce.job.job_id)
-        return True
+            with self._queue_for(queue) as q:
+                (q.bounce_done if done else q.bounce_retry_later)(bounce.job.job_id)
+        return done
 
     # -- the node --------------------------------------------------------------------------------
 
@@ -152,6 +163,7 @@ class Runner:
                     log.info("node_idle")
                     break
         finally:
+            log.info("node_stopping", node=self.node.name)
             self._shutdown()
         summary = {**self.stats.snapshot(), "seconds": round(time.monotonic() - started, 1)}
         log.info("node_stopped", node=self.node.name, node_id=str(self.node.id), **summary)
@@ -162,19 +174,15 @@ class Runner:
             with self.db.connection() as conn:
                 queue = self.queue(conn)
                 recovery = self.config.recovery
-                while True:
-                    recovered = queue.recover(
-                        lease=recovery.lease, in_doubt=recovery.in_doubt, max_rescues=recovery.max_rescues
-                    )
-                    for job in recovered:
-                        log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
-                                    in_doubt=job.in_doubt, failure_reason=job.failure_reason, dead_node=job.dead_node)
-                    self.stats.count("recovered", len(recovered))
-                    if len(recovered) < 1000:
-                        break
+                recovered = queue.recover(
+                    lease=recovery.lease, in_doubt=recovery.in_doubt, max_rescues=recovery.max_rescues
+                )
+                for job in recovered:
+                    log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
+                                in_doubt=job.in_doubt, failure_reason=job.failure_reason, dead_node=job.dead_node)
+                self.stats.count("recovered", len(recovered))
                 orphans = queue.recover_orphans(
-                    list(self.held_tokens), grace=ORPHAN_GRACE, in_doubt=recovery.in_doubt,
-                    max_rescues=recovery.max_rescues,
+                    list(self.held_tokens), in_doubt=recovery.in_doubt, max_rescues=recovery.max_rescues
                 )
                 for job in orphans:
                     log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,

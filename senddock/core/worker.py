@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +18,7 @@ import structlog
 
 from senddock import mime
 from senddock.core import results
-from senddock.core.queue import ClaimedJob, JobResult, Queue
+from senddock.core.queue import ClaimedJob, JobResult, Queue, Recorded
 from senddock.outcome import Bounce, BounceKind, BounceSource, CampaignContent, JobRef, Message, Recipient
 
 if TYPE_CHECKING:
@@ -44,10 +46,14 @@ class Worker(threading.Thread):
                         backoff = 0.1
                         self._loop(runner.queue(conn))
                 except psycopg.OperationalError as exc:
-                    self.busy = False
                     log.warning("worker_db_lost", worker=self.index, error=_last_line(exc), retry_in=backoff)
-                    runner.stopping.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                except Exception:
+                    # Never a dead worker: a read-only server after a failover, bad bytes in a reply...
+                    # The batch it held comes back through orphan recovery.
+                    log.exception("worker_error", worker=self.index, retry_in=backoff)
+                self.busy = False
+                runner.stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
         finally:
             self.busy = False
             try:
@@ -64,23 +70,23 @@ class Worker(threading.Thread):
                 runner.wait_for_work()  # self-fenced: no claims until the heartbeat is back
                 continue
             self.busy = True
+            # The batch's token is held before the claim commits, so orphan recovery never takes
+            # a batch a worker is about to send.
+            token = uuid.uuid4()
+            runner.held_tokens.add(token)
             try:
-                batch = queue.claim(runner.config.claim_batch)
+                batch = queue.claim(runner.config.claim_batch, token)
                 for job in batch:
                     if job.suppressed:
                         log.info("job_suppressed", job_id=job.id, broadcast_id=job.broadcast_id)
                 live = [j for j in batch if not j.suppressed]
                 if live:
-                    token = live[0].claim_token
-                    runner.held_tokens.add(token)  # not an orphan while this worker holds it
-                    try:
-                        self._send_batch(queue, live)
-                    finally:
-                        runner.held_tokens.discard(token)
+                    self._send_batch(queue, live)
                 if len(batch) < runner.config.claim_batch:
                     # The queue is running dry: the last results may have finished a campaign.
                     runner.finish_campaigns(queue, {j.broadcast_id for j in batch})
             finally:
+                runner.held_tokens.discard(token)
                 self.busy = False
             if not batch:
                 runner.wait_for_work()
@@ -95,13 +101,15 @@ class Worker(threading.Thread):
                 queue.release([job, *pending])
                 return
             next_job = pending[0] if pending else None
-            recorded, outcome = self._send_one(queue, job, next_job)
+            recorded, outcome = self._send_one(queue, job, next_job, pending)
+            if recorded.batch_released:
+                return
             if next_job is not None and (outcome.outcome == "pause" or recorded.next_campaign_status != "sending"):
                 # Paused or cancelled meanwhile, or the claim was lost: what is not started goes back.
                 queue.release(pending)
                 return
 
-    def _send_one(self, queue: Queue, job: ClaimedJob, next_job: ClaimedJob | None):
+    def _send_one(self, queue: Queue, job: ClaimedJob, next_job: ClaimedJob | None, pending: list[ClaimedJob]):
         runner = self.runner
         message = self._message(queue, job)
         started_at = datetime.now(timezone.utc)
@@ -111,12 +119,17 @@ class Worker(threading.Thread):
         outcome = results.job_result(
             runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts
         )
-        recorded = self._record(queue, job, started_at, outcome, next_job)
-        self._after(job, verdict, outcome, recorded)
+        recorded = self._record(queue, job, started_at, outcome, next_job, pending)
+        self._after(queue, job, verdict, outcome, recorded)
         return recorded, outcome
 
-    def _record(self, queue: Queue, job: ClaimedJob, started_at: datetime, outcome: JobResult, next_job: ClaimedJob | None):
-        """Commit the result; if the connection breaks, keep it and try again on a new one."""
+    def _record(self, queue: Queue, job: ClaimedJob, started_at: datetime, outcome: JobResult,
+                next_job: ClaimedJob | None, pending: list[ClaimedJob]) -> Recorded:
+        """Commit the result; if the connection breaks, keep it and try again on a new one.
+
+        After a reconnect the rest of the batch is put back on that new connection and the batch
+        ends: the worker's own connection is gone.
+        """
         attempt = job.attempts + (1 if outcome.counts else 0)
         try:
             return queue.record(job, attempt, started_at, outcome, next_job)
@@ -127,7 +140,10 @@ class Worker(threading.Thread):
         while True:
             try:
                 with self.runner.db.connection() as conn:
-                    return self.runner.queue(conn).record(job, attempt, started_at, outcome, next_job)
+                    fresh = self.runner.queue(conn)
+                    recorded = fresh.record(job, attempt, started_at, outcome, None)
+                    fresh.release(pending)
+                    return replace(recorded, batch_released=True)
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
                     raise
@@ -135,7 +151,7 @@ class Worker(threading.Thread):
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _after(self, job: ClaimedJob, verdict, outcome: JobResult, recorded) -> None:
+    def _after(self, queue: Queue, job: ClaimedJob, verdict, outcome: JobResult, recorded: Recorded) -> None:
         runner = self.runner
         log.info(
             "send_attempt",
@@ -152,24 +168,29 @@ class Worker(threading.Thread):
         runner.stats.count(outcome.outcome if recorded.recorded else "claim_lost")
         if not recorded.recorded:
             return
+        if recorded.batch_released:
+            queue = None  # the worker's connection is gone; the runner uses a pooled one
         if outcome.bounce:
-            runner.run_bounce_hooks(
-                Bounce(
-                    email=job.email,
-                    kind=BounceKind.BOUNCE,
-                    source=BounceSource.TRANSPORT,
-                    code=outcome.code,
-                    enhanced_code=outcome.enhanced_code,
-                    diagnostic=outcome.last_result,
-                    job=JobRef(job.id, job.broadcast_id, job.campaign_id),
-                )
-            )
+            runner.run_bounce_hooks(self._bounce(job, outcome), queue)
         if outcome.outcome == "pause":
-            runner.pause_campaign(job.campaign_id, verdict.reason)
+            runner.pause_campaign(job.campaign_id, verdict.reason, queue)
         else:
-            runner.track_failures(job.campaign_id, verdict, outcome)
+            runner.track_failures(job.campaign_id, verdict, queue)
+
+    @staticmethod
+    def _bounce(job: ClaimedJob, outcome: JobResult) -> Bounce:
+        return Bounce(
+            email=job.email,
+            kind=BounceKind.BOUNCE,
+            source=BounceSource.TRANSPORT,
+            code=outcome.code,
+            enhanced_code=outcome.enhanced_code,
+            diagnostic=outcome.last_result,
+            job=JobRef(job.id, job.broadcast_id, job.campaign_id),
+        )
 
     def _message(self, queue: Queue, job: ClaimedJob) -> Message:
+        """The job's Message; campaign content is read once per campaign per worker."""
         cached = self._campaigns.get(job.campaign_id)
         if cached is None:
             content = CampaignContent(**queue.campaign_content(job.campaign_id))

@@ -38,6 +38,9 @@ from senddock_smtp.transport import result_for
         ("auth", 535, "5.7.8 authentication credentials invalid", Outcome.PAUSE, "auth_failed", False),
         ("auth", 530, "5.7.0 authentication required", Outcome.PAUSE, "auth_failed", False),
         ("connect", 554, "no SMTP service here", Outcome.PAUSE, "relay_refused_session", False),
+        ("auth", 504, "5.5.4 unrecognized authentication type", Outcome.PAUSE, "auth_unavailable", False),
+        ("rcpt", 550, "Sender address rejected: does not exist", Outcome.FAIL, "rejected", False),
+        ("rcpt", 550, "Recipient address does not exist", Outcome.BOUNCE, "bounced", True),
     ],
 )
 def test_reply_classification(phase, code, text, outcome, reason, about_recipient):

@@ -22,10 +22,12 @@ RECIPIENT_DEAD = {"1.1", "1.2", "1.3", "1.6", "1.10", "2.1"}
 # sender mailbox syntax, X.1.8 bad sender system address): about us, not the recipient.
 SENDER_PROBLEM = {"1.0", "1.7", "1.8"}
 _UNKNOWN_USER = re.compile(
-    r"user unknown|unknown user|no such (user|mailbox|recipient)|does not exist|doesn't exist|"
-    r"mailbox (not found|unavailable)|recipient (address )?rejected: user|invalid recipient|address rejected",
+    r"user unknown|unknown user|no such (user|mailbox|recipient)|(user|mailbox|recipient|address) does not exist|"
+    r"mailbox (not found|unavailable)|recipient (address )?rejected: user|invalid recipient",
     re.IGNORECASE,
 )
+# Without an enhanced code, a text about the sender is never read as a dead recipient.
+_ABOUT_SENDER = re.compile(r"sender", re.IGNORECASE)
 # RFC 4954: 530 authentication required, 534 mechanism too weak, 535 credentials invalid,
 # 538 encryption required for the mechanism.
 AUTH_REFUSED = {530, 534, 535, 538}
@@ -49,7 +51,7 @@ def classify(result: SendResult) -> Classification:
         return Classification(Outcome.RETRY, "connection_error", in_doubt=result.may_have_sent)
     if phase == "auth" and code in AUTH_REFUSED:
         return Classification(Outcome.PAUSE, "auth_failed")
-    if phase == "auth" and code == 502:
+    if phase == "auth" and code >= 500:  # 502 no AUTH offered, 504 mechanism unknown...: our setup
         return Classification(Outcome.PAUSE, "auth_unavailable")
     if phase in ("connect", "ehlo") and code >= 500:
         return Classification(Outcome.PAUSE, "relay_refused_session")
@@ -60,9 +62,11 @@ def classify(result: SendResult) -> Classification:
     if phase == "rcpt":
         if detail in SENDER_PROBLEM:
             return Classification(Outcome.FAIL, "sender_rejected")
-        if detail in RECIPIENT_DEAD or (detail is None and _UNKNOWN_USER.search(result.text)):
+        if detail in RECIPIENT_DEAD or (
+            detail is None and _UNKNOWN_USER.search(result.text) and not _ABOUT_SENDER.search(result.text)
+        ):
             return Classification(Outcome.BOUNCE, "bounced", about_recipient=True)
     if detail is not None and detail.startswith("7."):
         return Classification(Outcome.FAIL, "policy_rejected")
     return Classification(Outcome.FAIL, f"rejected_{phase}" if phase in ("mail", "data") else "rejected",
-                          about_recipient=phase == "rcpt")
+                          about_recipient=phase == "rcpt" and not _ABOUT_SENDER.search(result.text))

@@ -75,24 +75,32 @@ def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMap
     try:
         if conn is not None:
             try:
-                return _transaction(conn, *envelope)
+                result = _transaction(conn, *envelope)
+                if not (result.phase == "mail" and result.code == 421):
+                    return result
             except (OSError, smtplib.SMTPServerDisconnected) as exc:
                 if getattr(exc, "senddock_phase", None) != "mail":
                     raise
-                # The server closed the idle connection we kept: nothing was sent, open a new one.
-                close(worker_state)
+            # The server closed (or is closing, 421) the idle connection we kept: nothing was
+            # sent, so open a new one rather than count a failure against this recipient.
+            close(worker_state, graceful=False)
         conn = worker_state[_STATE_KEY] = _open(settings)
         return _transaction(conn, *envelope)
     except PhaseError as exc:
-        close(worker_state)
+        close(worker_state, graceful=False)
         return result_for(exc.phase, exc.code, exc.text)
     except (OSError, smtplib.SMTPException) as exc:
         # Connection refused or reset, DNS, timeouts, a server that hung up: the connection is gone.
-        close(worker_state)
+        close(worker_state, graceful=False)
         phase = getattr(exc, "senddock_phase", "connect" if conn is None else "session")
         may_have_sent = getattr(exc, "senddock_may_have_sent", False)
         return SendResult(TRANSPORT, ok=False, text=f"{type(exc).__name__}: {exc}".rstrip(": "), phase=phase,
                           error=exc, may_have_sent=may_have_sent)
+    except BaseException:
+        # Anything else (an address smtplib cannot encode...) may leave a transaction half open:
+        # the next recipient must not inherit it.
+        close(worker_state, graceful=False)
+        raise
 
 
 def _transaction(conn: smtplib.SMTP, sender: str, recipient: str, data: bytes) -> SendResult:
@@ -136,11 +144,15 @@ def _reset(conn: smtplib.SMTP) -> None:
         pass
 
 
-def close(worker_state: MutableMapping[str, Any]) -> None:
+def close(worker_state: MutableMapping[str, Any], *, graceful: bool = True) -> None:
+    """QUIT a healthy connection; just drop a broken one (QUIT would wait a whole timeout)."""
     conn: smtplib.SMTP | None = worker_state.pop(_STATE_KEY, None)
     if conn is None:
         return
-    try:
-        conn.quit()
-    except (OSError, smtplib.SMTPException, socket.error):
-        conn.close()
+    if graceful:
+        try:
+            conn.quit()
+            return
+        except (OSError, smtplib.SMTPException, socket.error):
+            pass
+    conn.close()

@@ -197,41 +197,59 @@ UPDATE nodes SET heartbeat_at = now() WHERE id = %(node_id)s;
 UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s;
 
 -- name: jobs_claim
--- Due jobs of running campaigns, oldest broadcast first, taken with SKIP LOCKED: the lateral
--- subquery walks the claimable index of one running broadcast at a time, so jobs of paused,
--- scheduled or finished campaigns cost nothing, and the outer LIMIT stops it after n rows.
+-- Due jobs of running campaigns, taken with SKIP LOCKED: first retries whose delay has passed
+-- (so a backoff means what it says even while a big broadcast still has pending jobs), then
+-- pending jobs in enqueue order, oldest broadcast first. Each lateral subquery walks one partial
+-- index of one running broadcast, so jobs of paused, scheduled or finished campaigns cost
+-- nothing, and the outer LIMITs stop after n rows in all: no more than n rows are ever locked.
 -- A job whose address was suppressed since the enqueue is failed here instead of being sent.
--- The batch shares one claim token (see broadcast_jobs: the batch's order says what started).
-WITH due AS MATERIALIZED (
-    SELECT j.id, r.campaign_id,
-           EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(j.email)) AS suppressed
-    FROM (
-        SELECT c.id AS campaign_id, c.broadcast_id
-        FROM campaigns c
-        WHERE c.status = 'sending' AND c.broadcast_id IS NOT NULL
-        ORDER BY c.broadcast_id
-    ) r
+-- The batch shares one claim token, made by the worker (see broadcast_jobs: the batch's order
+-- says what started).
+WITH running AS MATERIALIZED (
+    SELECT c.id AS campaign_id, c.broadcast_id
+    FROM campaigns c
+    WHERE c.status = 'sending' AND c.broadcast_id IS NOT NULL
+    ORDER BY c.broadcast_id
+), retries AS MATERIALIZED (
+    SELECT j.id, r.campaign_id, j.email
+    FROM running r
     CROSS JOIN LATERAL (
         SELECT j.id, j.email
         FROM broadcast_jobs j
-        WHERE j.broadcast_id = r.broadcast_id
-          AND j.status IN ('pending', 'retry')
-          AND j.next_attempt_at <= now()
-        ORDER BY j.next_attempt_at, j.id
+        WHERE j.broadcast_id = r.broadcast_id AND j.status = 'retry' AND j.next_attempt_at <= now()
+        ORDER BY j.next_attempt_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) j
     LIMIT %(limit)s
-), claim AS (
-    SELECT gen_random_uuid() AS token
+), fresh AS MATERIALIZED (
+    SELECT j.id, r.campaign_id, j.email
+    FROM running r
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.email
+        FROM broadcast_jobs j
+        WHERE j.broadcast_id = r.broadcast_id AND j.status = 'pending'
+        ORDER BY j.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) j
+    LIMIT (SELECT %(limit)s - count(*) FROM retries)
+), due AS (
+    SELECT d.id, d.campaign_id,
+           EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(d.email)) AS suppressed
+    FROM (SELECT * FROM retries UNION ALL SELECT * FROM fresh) d
+), durable AS (
+    -- Claims always commit synchronously, whatever the server's default: a claim lost in a crash
+    -- could let another node send a job this node is sending.
+    SELECT set_config('synchronous_commit', 'on', true)
 )
 UPDATE broadcast_jobs j
    SET status = CASE WHEN due.suppressed THEN 'failed' ELSE 'sending' END,
        failure_reason = CASE WHEN due.suppressed THEN 'suppressed' ELSE j.failure_reason END,
        claimed_by = CASE WHEN due.suppressed THEN NULL ELSE %(node_id)s::uuid END,
        claimed_at = now(),
-       claim_token = CASE WHEN due.suppressed THEN NULL ELSE claim.token END
-  FROM due, claim, subscribers s
+       claim_token = CASE WHEN due.suppressed THEN NULL ELSE %(claim_token)s::uuid END
+  FROM due, durable, subscribers s
  WHERE j.id = due.id AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
           j.attempts, j.claim_token, j.first_attempt_at, due.suppressed;
@@ -328,11 +346,11 @@ WITH dead AS (
     FOR UPDATE OF j SKIP LOCKED
 ), victims AS (
     -- The lowest-id job of each batch still 'sending' is the one whose send may have begun;
-    -- every one of them may have, if the server restarted since the node's last heartbeat (a
+    -- every one of them may have, if the batch was claimed before the server's last start (a
     -- crash may have lost results committed asynchronously).
     SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token)
-                OR n.heartbeat_at < pg_postmaster_start_time() AS started
-    FROM locked l JOIN nodes n ON n.id = l.claimed_by
+                OR l.claimed_at < pg_postmaster_start_time() AS started
+    FROM locked l
 ), recovered AS (
     UPDATE broadcast_jobs j
        SET status = CASE
@@ -371,36 +389,55 @@ SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS i
 FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
 
 -- name: jobs_recover_orphans
--- This live node's own jobs that no worker holds any more: their results were lost (a Postgres
--- crash ate asynchronous commits, or a worker gave up committing after the lease). The worker
--- had finished with the batch, so each of them may have been sent: all are in doubt.
-WITH orphans AS (
-    SELECT j.id, j.claim_token
+-- This live node's own jobs that no worker holds any more: a worker gave up on its batch (its
+-- connection died for longer than the lease, an unexpected error) or a Postgres crash lost
+-- results committed asynchronously. Workers hold their batch's token from before the claim, and
+-- a claim younger than a second is left alone: the token list was read just before this runs.
+-- In doubt, as for a dead node: the lowest-id job of each batch, or all of a batch claimed before
+-- the server's last start.
+WITH locked AS (
+    SELECT j.id, j.claim_token, j.claimed_at
     FROM broadcast_jobs j
     WHERE j.status = 'sending' AND j.claimed_by = %(node_id)s
       AND j.claim_token <> ALL (%(held_tokens)s::uuid[])
-      AND j.claimed_at < now() - make_interval(secs => %(grace)s::float8)
-    FOR UPDATE SKIP LOCKED
+      AND j.claimed_at < now() - interval '1 second'
+    FOR UPDATE OF j SKIP LOCKED
+), orphans AS (
+    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token)
+                OR l.claimed_at < pg_postmaster_start_time() AS started
+    FROM locked l
 ), recovered AS (
     UPDATE broadcast_jobs j
-       SET status = CASE WHEN j.rescues + 1 > %(max_rescues)s OR %(in_doubt)s = 'fail' THEN 'failed' ELSE 'retry' END,
-           failure_reason = CASE WHEN j.rescues + 1 > %(max_rescues)s THEN 'crashed_repeatedly'
-                                 WHEN %(in_doubt)s = 'fail' THEN 'in_doubt' ELSE j.failure_reason END,
-           rescues = j.rescues + 1, attempts = j.attempts + 1, next_attempt_at = now(),
-           first_attempt_at = coalesce(j.first_attempt_at, j.claimed_at),
-           last_result = 'in doubt: its result was lost before it was committed',
+       SET status = CASE
+               WHEN NOT o.started THEN CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END
+               WHEN j.rescues + 1 > %(max_rescues)s OR %(in_doubt)s = 'fail' THEN 'failed'
+               ELSE 'retry' END,
+           failure_reason = CASE
+               WHEN NOT o.started THEN j.failure_reason
+               WHEN j.rescues + 1 > %(max_rescues)s THEN 'crashed_repeatedly'
+               WHEN %(in_doubt)s = 'fail' THEN 'in_doubt'
+               ELSE j.failure_reason END,
+           rescues = j.rescues + o.started::int,
+           attempts = j.attempts + o.started::int,
+           next_attempt_at = CASE WHEN o.started THEN now() ELSE j.next_attempt_at END,
+           first_attempt_at = CASE WHEN o.started THEN coalesce(j.first_attempt_at, o.claimed_at)
+                                   ELSE j.first_attempt_at END,
+           last_result = CASE WHEN o.started THEN 'in doubt: its result was never committed'
+                              ELSE j.last_result END,
            claimed_by = NULL, claim_token = NULL, claimed_at = NULL
       FROM orphans o
      WHERE j.id = o.id AND j.claim_token = o.claim_token AND j.status = 'sending'
-    RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts, o.claim_token
+    RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts, o.started, o.claimed_at
 ), logged AS (
-    INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, outcome, in_doubt, message)
-    SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, 'in_doubt', true,
-           'in doubt: its result was lost before it was committed; '
+    INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at, outcome,
+                                   in_doubt, message)
+    SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, r.claimed_at, 'in_doubt', true,
+           'in doubt: its result was never committed; '
            || CASE WHEN r.status = 'failed' THEN 'failed as ' || r.failure_reason ELSE 'sent again' END
     FROM recovered r
+    WHERE r.started
 )
-SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, true AS in_doubt, %(name)s AS dead_node
+SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS in_doubt, %(name)s AS dead_node
 FROM recovered r;
 
 -- name: campaign_pause
@@ -421,8 +458,10 @@ UPDATE campaigns c
  WHERE c.status = 'sending'
    AND c.broadcast_id IS NOT NULL
    AND (%(broadcast_id)s::bigint IS NULL OR c.broadcast_id = %(broadcast_id)s)
-   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j
-                   WHERE j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry', 'sending'))
+   -- One probe per unfinished state, each answered by its own small partial index.
+   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'pending')
+   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'retry')
+   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'sending')
 RETURNING c.id, c.broadcast_id;
 
 -- name: broadcasts_finished_mark
@@ -431,28 +470,30 @@ UPDATE broadcasts SET finished_at = now() WHERE id = ANY(%(broadcast_ids)s) AND 
 -- name: due_work_exists
 SELECT EXISTS (
     SELECT 1 FROM campaigns c
-    CROSS JOIN LATERAL (
-        SELECT 1 FROM broadcast_jobs j
-        WHERE j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry') AND j.next_attempt_at <= now()
-        LIMIT 1
-    ) j
     WHERE c.status = 'sending'
+      AND (EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'pending')
+           OR EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id
+                      AND j.status = 'retry' AND j.next_attempt_at <= now()))
 );
 
 -- name: bounces_pending
--- Bounces whose hooks did not all return: those of dead or stopped nodes, or stale ones.
+-- Bounces whose hooks did not all return: those of dead or stopped nodes, and any (this node's
+-- own too) whose hooks failed and that waited ten minutes before another try.
 SELECT b.job_id, b.broadcast_id, b.campaign_id, b.email, b.code, b.enhanced_code, b.diagnostic
 FROM pending_bounces b
 LEFT JOIN nodes n ON n.id = b.node_id
-WHERE b.node_id IS DISTINCT FROM %(node_id)s
-  AND (n.id IS NULL OR n.stopped_at IS NOT NULL
-       OR n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)
-       OR b.created_at < now() - interval '10 minutes')
+WHERE (b.node_id IS DISTINCT FROM %(node_id)s
+       AND (n.id IS NULL OR n.stopped_at IS NOT NULL
+            OR n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)))
+   OR b.created_at < now() - interval '10 minutes'
 ORDER BY b.job_id
 LIMIT 100;
 
 -- name: bounce_done
 DELETE FROM pending_bounces WHERE job_id = %(job_id)s;
+
+-- name: bounce_retry_later
+UPDATE pending_bounces SET created_at = now() WHERE job_id = %(job_id)s;
 
 -- name: campaign_content
 SELECT id AS campaign_id, name, subject, from_addr, reply_to, text_body, html_body

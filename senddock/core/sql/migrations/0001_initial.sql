@@ -100,11 +100,15 @@ CREATE TABLE broadcast_jobs (
     autovacuum_vacuum_scale_factor = 0.02,
     autovacuum_analyze_scale_factor = 0.02
 );
--- The claim index holds claimable rows only: sent and failed jobs leave it, so its size follows
--- the work left, not the history. Claims walk it per running broadcast, due first.
-CREATE INDEX broadcast_jobs_claimable_idx
-    ON broadcast_jobs (broadcast_id, next_attempt_at, id)
-    WHERE status IN ('pending', 'retry');
+-- The claim indexes hold claimable rows only: sent and failed jobs leave them, so their size
+-- follows the work left, not the history. Claims walk them per running broadcast: due retries
+-- by due time, then pending jobs in enqueue order.
+CREATE INDEX broadcast_jobs_pending_idx
+    ON broadcast_jobs (broadcast_id, id)
+    WHERE status = 'pending';
+CREATE INDEX broadcast_jobs_retry_idx
+    ON broadcast_jobs (broadcast_id, next_attempt_at)
+    WHERE status = 'retry';
 -- In-flight jobs, by owner (recovery) and by broadcast (finishing a campaign); few rows at any time.
 CREATE INDEX broadcast_jobs_sending_idx
     ON broadcast_jobs (claimed_by)
