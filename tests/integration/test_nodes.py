@@ -118,26 +118,30 @@ def test_after_a_server_restart_every_job_of_a_dead_node_is_in_doubt(senddock_ap
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         gone = register(conn, "gone")
         Queue(conn, gone).claim(5)
-        conn.execute("UPDATE nodes SET heartbeat_at = pg_postmaster_start_time() - interval '1 minute' "
-                     "WHERE id = %s", (gone.id,))
+        # Claimed, then the server restarted (a crash may have eaten async results), then the node died.
+        conn.execute("UPDATE broadcast_jobs SET claimed_at = pg_postmaster_start_time() - interval '1 minute' "
+                     "WHERE claimed_by = %s", (gone.id,))
+        conn.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (gone.id,))
         survivor = register(conn, "survivor")
         recovered = Queue(conn, survivor).recover(lease=30, in_doubt="retry", max_rescues=5)
     assert sorted((r.email, r.in_doubt) for r in recovered) == [("a@example.com", True), ("b@example.com", True)]
 
 
-def test_a_live_nodes_orphaned_jobs_are_recovered_as_in_doubt(senddock_app, database_dsn):
-    """Jobs of this node that no worker holds (their results were lost) come back, all in doubt."""
+def test_a_live_nodes_orphaned_jobs_come_back_with_the_batch_rule(senddock_app, database_dsn):
+    """Jobs of this node that no worker holds (a worker gave up on its batch) come back: the
+    batch's first unfinished job in doubt, the others as they were."""
     make_broadcast(senddock_app, ["a@example.com", "b@example.com", "c@example.com"])
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         me = register(conn, "me")
         queue = Queue(conn, me)
         held = queue.claim(2)
-        conn.execute("UPDATE broadcast_jobs SET claimed_at = now() - interval '1 minute'")
-        assert queue.recover_orphans([held[0].claim_token], grace=5, in_doubt="retry", max_rescues=5) == []
-        orphans = queue.recover_orphans([], grace=5, in_doubt="retry", max_rescues=5)
-        assert sorted((r.email, r.status) for r in orphans) == [("a@example.com", "retry"), ("b@example.com", "retry")]
+        conn.execute("UPDATE broadcast_jobs SET claimed_at = now() - interval '1 minute' WHERE status = 'sending'")
+        assert queue.recover_orphans([held[0].claim_token], in_doubt="retry", max_rescues=5) == []  # still held
+        orphans = queue.recover_orphans([], in_doubt="retry", max_rescues=5)
+        assert sorted((r.email, r.status, r.in_doubt) for r in orphans) == [
+            ("a@example.com", "retry", True), ("b@example.com", "pending", False)]
         young = queue.claim(5)
-        assert queue.recover_orphans([], grace=5, in_doubt="retry", max_rescues=5) == []  # just claimed
+        assert queue.recover_orphans([], in_doubt="retry", max_rescues=5) == []  # claimed a moment ago
         assert len(young) == 3
 
 
@@ -236,3 +240,18 @@ def test_a_plugin_whose_hook_raises_fails_jobs_not_workers(make_config, smtp_sin
     assert jobs["boom2@example.com"] == expected
     assert app.campaign_status(campaign_id).status == "finished"
     app.close()
+
+
+def test_due_retries_are_claimed_before_pending_jobs(senddock_app, database_dsn):
+    make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(20)])
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE broadcast_jobs SET status = 'retry', attempts = 1, next_attempt_at = now() "
+                     "WHERE email IN ('user17@example.com', 'user18@example.com')")
+        conn.execute("UPDATE broadcast_jobs SET status = 'retry', attempts = 1, next_attempt_at = now() + interval '1 hour' "
+                     "WHERE email = 'user19@example.com'")
+        queue = Queue(conn, register(conn, "orderly"))
+        first = queue.claim(3)
+        locks = conn.execute("SELECT count(*) FROM broadcast_jobs WHERE status = 'sending'").fetchone()[0]
+    # The two due retries first, then the oldest pending job; the retry due in an hour waits.
+    assert {j.email for j in first} == {"user17@example.com", "user18@example.com", "user0@example.com"}
+    assert locks == 3
