@@ -135,7 +135,11 @@ def test_a_live_nodes_orphaned_jobs_come_back_with_the_batch_rule(senddock_app, 
         me = register(conn, "me")
         queue = Queue(conn, me)
         held = queue.claim(2)
-        conn.execute("UPDATE broadcast_jobs SET claimed_at = now() - interval '1 minute' WHERE status = 'sending'")
+        # Claimed a while ago, but after the server's start (a fresh embedded server may be young).
+        uptime = conn.execute("SELECT extract(epoch FROM now() - pg_postmaster_start_time())").fetchone()[0]
+        time.sleep(max(0.0, 3 - float(uptime)))
+        conn.execute("UPDATE broadcast_jobs SET claimed_at = greatest(now() - interval '1 minute', "
+                     "pg_postmaster_start_time() + interval '1 second') WHERE status = 'sending'")
         assert queue.recover_orphans([held[0].claim_token], in_doubt="retry", max_rescues=5) == []  # still held
         orphans = queue.recover_orphans([], in_doubt="retry", max_rescues=5)
         assert sorted((r.email, r.status, r.in_doubt) for r in orphans) == [
