@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
