@@ -26,12 +26,12 @@ from common import bench_config, enqueue, fill_list, open_app, reset_jobs, scrat
 from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
 
-# The same partial index senddock's claim walks for pending jobs (broadcast_id, id).
+# The same partial index senddock's claim walks for pending jobs (broadcast_id, next_attempt_at, id).
 BARE_CLAIM = """
 UPDATE broadcast_jobs SET status = 'sending', claim_token = gen_random_uuid(), claimed_at = now()
  WHERE id IN (SELECT id FROM broadcast_jobs
                WHERE broadcast_id = %(broadcast_id)s AND status = 'pending'
-               ORDER BY id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+               ORDER BY next_attempt_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
 RETURNING id, claim_token
 """
 BARE_RESULT = """

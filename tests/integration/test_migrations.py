@@ -70,7 +70,7 @@ def test_claim_indexes_are_partial_on_claimable_rows(database_dsn: str):
         fks = conn.execute(
             "SELECT count(*) FROM pg_constraint WHERE conrelid = 'broadcast_jobs'::regclass AND contype = 'f'"
         ).fetchone()[0]
-    assert pending.endswith("(broadcast_id, id) WHERE (status = 'pending'::text)")
+    assert pending.endswith("(broadcast_id, next_attempt_at, id) WHERE (status = 'pending'::text)")
     assert retry.endswith("(broadcast_id, next_attempt_at) WHERE (status = 'retry'::text)")
     assert "fillfactor=70" in options
     assert fks == 0

@@ -229,7 +229,9 @@ WITH running AS MATERIALIZED (
         SELECT j.id, j.email
         FROM broadcast_jobs j
         WHERE j.broadcast_id = r.broadcast_id AND j.status = 'pending'
-        ORDER BY j.id
+        -- Not "ORDER BY id": the primary key has that order too, and the planner may walk it
+        -- through every job of every other broadcast. Only the partial index has this order.
+        ORDER BY j.next_attempt_at, j.id
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) j

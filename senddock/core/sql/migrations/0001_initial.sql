@@ -102,9 +102,9 @@ CREATE TABLE broadcast_jobs (
 );
 -- The claim indexes hold claimable rows only: sent and failed jobs leave them, so their size
 -- follows the work left, not the history. Claims walk them per running broadcast: due retries
--- by due time, then pending jobs in enqueue order.
+-- by due time, then pending jobs in enqueue order (next_attempt_at is the enqueue time).
 CREATE INDEX broadcast_jobs_pending_idx
-    ON broadcast_jobs (broadcast_id, id)
+    ON broadcast_jobs (broadcast_id, next_attempt_at, id)
     WHERE status = 'pending';
 CREATE INDEX broadcast_jobs_retry_idx
     ON broadcast_jobs (broadcast_id, next_attempt_at)

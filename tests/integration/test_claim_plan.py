@@ -1,0 +1,44 @@
+"""The claim must not visit jobs of campaigns that are not sending (measured in bench/claim_cost.py).
+
+A regression here is silent (claims still work, only slower as the table grows), so the plan is
+checked: with a paused campaign of 50,000 jobs in the table, one claim touches a few dozen
+buffers, not the thousands that walking the paused jobs would take.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import psycopg
+
+from senddock.core.queries import query
+from tests_support import make_broadcast
+
+
+def test_a_claim_never_walks_the_jobs_of_a_paused_campaign(senddock_app, database_dsn):
+    senddock_app.create_list("big")
+    paused_campaign = senddock_app.create_campaign(name="Big", lists=["big"], subject="x",
+                                                   from_addr="a@example.com", text_body="x")
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        # A big broadcast enqueued first (its jobs have the lowest ids), then paused: 50,000
+        # pending jobs the claim must not touch.
+        broadcast = conn.execute("INSERT INTO broadcasts (campaign_id, enqueued) VALUES (%s, 50000) RETURNING id",
+                                 (paused_campaign,)).fetchone()[0]
+        conn.execute("UPDATE campaigns SET status = 'paused', broadcast_id = %s WHERE id = %s",
+                     (broadcast, paused_campaign))
+        conn.execute("INSERT INTO broadcast_jobs (broadcast_id, subscriber_id, email, domain) "
+                     "SELECT %s, -i, 'big' || i || '@example.com', 'example.com' FROM generate_series(1, 50000) i",
+                     (broadcast,))
+    make_broadcast(senddock_app, [f"small{i}@example.com" for i in range(50)], list_name="small", name="Small")
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE broadcast_jobs")
+        node = uuid.uuid4()
+        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
+        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4()}
+        with conn.transaction():
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params))
+            raise psycopg.Rollback
+    top = re.search(r"Buffers: shared hit=(\d+)", plan)
+    assert top is not None, plan
+    assert int(top.group(1)) < 500, plan
