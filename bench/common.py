@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 import yaml
 
@@ -74,3 +75,9 @@ def reset_jobs(dsn: str) -> None:
         conn.execute("TRUNCATE broadcast_jobs, delivery_attempts, broadcasts, campaign_lists, campaigns, pending_bounces, "
                      "nodes RESTART IDENTITY CASCADE")
         conn.execute("VACUUM ANALYZE")
+
+
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine (Postgres and any in-process server included)."""
+    times = psutil.cpu_times()
+    return times.user + times.system + getattr(times, "softirq", 0) + getattr(times, "irq", 0)

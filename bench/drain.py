@@ -19,10 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import psycopg
 
-from common import bench_config, enqueue, fill_list, open_app, reset_jobs, scratch_database
+from common import bench_config, enqueue, fill_list, machine_cpu, open_app, reset_jobs, scratch_database
 from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
 
@@ -66,11 +65,6 @@ def bare_loop(dsn: str, broadcast_id: int, workers: int, batch: int, result_comm
         t.join()
 
 
-def _machine_cpu() -> float:
-    """Busy CPU seconds of the whole machine (Postgres included)."""
-    times = psutil.cpu_times()
-    return times.user + times.system + getattr(times, "softirq", 0) + getattr(times, "irq", 0)
-
 
 def measure(dsn: str, jobs: int, workers: int, batch: int, folder: Path, result_commit: str) -> dict:
     config = bench_config(dsn, folder, {"transport": "instant", "plugins": {"load": ["senddock_bench_plugins"]},
@@ -82,14 +76,14 @@ def measure(dsn: str, jobs: int, workers: int, batch: int, folder: Path, result_
         reset_jobs(dsn)
         app = open_app(config, dsn)
         campaign_id, broadcast_id = enqueue(app)
-        started, cpu, machine = time.perf_counter(), time.process_time(), _machine_cpu()
+        started, cpu, machine = time.perf_counter(), time.process_time(), machine_cpu()
         if side == "bare":
             bare_loop(dsn, broadcast_id, workers, batch, result_commit)
         else:
             Runner(config, exit_when_idle=True).run()
         seconds = time.perf_counter() - started
         cpu_us = (time.process_time() - cpu) / jobs * 1e6
-        machine_us = (_machine_cpu() - machine) / jobs * 1e6
+        machine_us = (machine_cpu() - machine) / jobs * 1e6
         assert app.campaign_status(campaign_id).sent == jobs
         app.close()
         rate = jobs / seconds

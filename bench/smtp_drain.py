@@ -24,9 +24,8 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from pathlib import Path
 
-import psutil
 
-from common import bench_config, enqueue, fill_list, open_app, reset_jobs, scratch_database
+from common import bench_config, enqueue, fill_list, machine_cpu, open_app, reset_jobs, scratch_database
 from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
 from senddock.sink import Sink
@@ -56,11 +55,6 @@ def bare_loop(port: int, messages: int, workers: int) -> None:
         t.join()
 
 
-def _machine_cpu() -> float:
-    """Busy CPU seconds of the whole machine (Postgres and the sink included)."""
-    times = psutil.cpu_times()
-    return times.user + times.system + getattr(times, "softirq", 0) + getattr(times, "irq", 0)
-
 
 def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
     fill_list(dsn, messages)
@@ -69,10 +63,10 @@ def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
     for side in ("bare", "senddock", "bare", "senddock"):  # alternate, keep the best of two
         with Sink("127.0.0.1", 0) as sink:  # a fresh sink: its received list counts only this run
             if side == "bare":
-                started, machine = time.perf_counter(), _machine_cpu()
+                started, machine = time.perf_counter(), machine_cpu()
                 bare_loop(sink.port, messages, workers)
                 seconds = time.perf_counter() - started
-                machine_us = (_machine_cpu() - machine) / messages * 1e6
+                machine_us = (machine_cpu() - machine) / messages * 1e6
             else:
                 reset_jobs(dsn)
                 config = bench_config(dsn, folder, {
@@ -80,10 +74,10 @@ def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
                     "workers": workers, "poll_interval": "100ms"})
                 app = open_app(config, dsn)
                 campaign_id, _ = enqueue(app)  # outside the timing, like the bare side's fill
-                started, machine = time.perf_counter(), _machine_cpu()
+                started, machine = time.perf_counter(), machine_cpu()
                 Runner(config, exit_when_idle=True).run()
                 seconds = time.perf_counter() - started
-                machine_us = (_machine_cpu() - machine) / messages * 1e6
+                machine_us = (machine_cpu() - machine) / messages * 1e6
                 sent = app.campaign_status(campaign_id).sent
                 app.close()
                 assert sent == messages, f"senddock marked {sent} of {messages} sent"
