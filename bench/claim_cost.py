@@ -105,7 +105,7 @@ def explain(conn: psycopg.Connection, node: NodeIdentity, broadcast_id: int, lab
     """One claim under EXPLAIN (ANALYZE, BUFFERS), rolled back: the plan to stderr, a summary of that
     same text back (a second EXPLAIN, in JSON, would be another claim with slightly other counts)."""
     reset(conn, broadcast_id)
-    params = {"limit": BATCH, "node_id": node.id}
+    params = {"limit": BATCH, "node_id": node.id, "claim_token": uuid.uuid4()}
     with conn.transaction(force_rollback=True):  # ANALYZE really claims: undo it
         lines = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params)]
     print(f"--- EXPLAIN (ANALYZE, BUFFERS) of one claim, {label} ---", *lines, "", sep="\n", file=sys.stderr)
