@@ -141,7 +141,17 @@ class Queue:
         ).fetchall()
         return len(rows)
 
-    def recover(self, *, lease: float, in_doubt: str, max_rescues: int) -> list[RecoveredJob]:
+    def recover(
+        self,
+        *,
+        lease: float,
+        in_doubt: str,
+        max_rescues: int,
+        dead_nodes: bool = True,
+        orphans_of: Sequence[uuid.UUID] | None = None,
+    ) -> list[RecoveredJob]:
+        """Return to the queue the jobs of dead incarnations and, when ``orphans_of`` is given (the
+        claim tokens this node's workers hold), this node's own jobs that no worker holds."""
         params = {
             "node_id": self.node.id,
             "name": self.node.name,
@@ -149,15 +159,16 @@ class Queue:
             "in_doubt": in_doubt,
             "max_rescues": max_rescues,
             "lock_class": LOCK_CLASS,
+            "dead_nodes": dead_nodes,
+            "orphans": orphans_of is not None,
+            "held_tokens": list(orphans_of or ()),
         }
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
             return cur.execute(query("jobs_recover"), params).fetchall()
 
     def recover_orphans(self, held_tokens: Sequence[uuid.UUID], *, in_doubt: str, max_rescues: int) -> list[RecoveredJob]:
-        params = {"node_id": self.node.id, "name": self.node.name, "held_tokens": list(held_tokens),
-                  "in_doubt": in_doubt, "max_rescues": max_rescues}
-        with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
-            return cur.execute(query("jobs_recover_orphans"), params).fetchall()
+        return self.recover(lease=0, in_doubt=in_doubt, max_rescues=max_rescues, dead_nodes=False,
+                            orphans_of=held_tokens)
 
     def pause_campaign(self, campaign_id: int, reason: str) -> bool:
         return self.conn.execute(query("campaign_pause"), {"campaign_id": campaign_id, "reason": reason}).fetchone() is not None

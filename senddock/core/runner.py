@@ -174,21 +174,16 @@ class Runner:
             with self.db.connection() as conn:
                 queue = self.queue(conn)
                 recovery = self.config.recovery
+                # Dead incarnations' jobs and this node's own unheld ones, in one statement.
                 recovered = queue.recover(
-                    lease=recovery.lease, in_doubt=recovery.in_doubt, max_rescues=recovery.max_rescues
+                    lease=recovery.lease, in_doubt=recovery.in_doubt, max_rescues=recovery.max_rescues,
+                    orphans_of=list(self.held_tokens),
                 )
                 for job in recovered:
                     log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
                                 in_doubt=job.in_doubt, failure_reason=job.failure_reason, dead_node=job.dead_node)
                 self.stats.count("recovered", len(recovered))
-                orphans = queue.recover_orphans(
-                    list(self.held_tokens), in_doubt=recovery.in_doubt, max_rescues=recovery.max_rescues
-                )
-                for job in orphans:
-                    log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
-                                in_doubt=True, failure_reason=job.failure_reason, reason="result_lost")
-                self.stats.count("recovered", len(orphans))
-                if recovered or orphans:
+                if recovered:
                     self.wake_workers()
                 for row in queue.pending_bounces(recovery.lease):
                     self.run_bounce_hooks(Bounce(

@@ -322,15 +322,25 @@ UPDATE broadcast_jobs j
 RETURNING j.id;
 
 -- name: jobs_recover
--- Jobs left 'sending' by incarnations that are gone: our own name's earlier incarnations at once
--- when their lifeline lock is provably not held (and they held it on this server since its last
--- start), anyone else's only once their heartbeat is older than the lease (database clock).
--- Re-checked inside this one statement: still 'sending', same claim, owner still gone.
--- A job whose send may have begun is in doubt: recorded as such, then retried or failed.
+-- Jobs left 'sending' that nobody will finish, returned to the queue. Two sources:
+--  * incarnations that are gone (with %(dead_nodes)s): our own name's earlier incarnations at
+--    once when their lifeline lock is provably not held (and they held it on this server since
+--    its last start), anyone else's only once their heartbeat is older than the lease (database
+--    clock);
+--  * with %(orphans)s, this live node's own jobs that no worker holds any more: a worker gave up
+--    on its batch (its connection gone for longer than the lease, an unexpected error) or a
+--    Postgres crash lost results committed asynchronously. Workers hold their batch's token from
+--    before the claim commits, and a claim younger than a second is left alone: the token list
+--    was read just before this statement.
+-- Re-checked inside this one statement: still 'sending', same claim, owner still gone or the
+-- batch still unheld. In doubt: the lowest-id job of each batch still 'sending' (the one whose
+-- send may have begun), or every job of a batch claimed before the server's last start (a
+-- crash may have lost its results). In-doubt jobs are recorded as such, then retried or failed;
+-- the others go back as they were.
 WITH dead AS (
     SELECT n.id, n.name
     FROM nodes n
-    WHERE n.id <> %(node_id)s
+    WHERE %(dead_nodes)s AND n.id <> %(node_id)s
       AND (
             n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)
          OR (n.name = %(name)s
@@ -344,12 +354,13 @@ WITH dead AS (
 ), locked AS (
     SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at
     FROM broadcast_jobs j
-    WHERE j.status = 'sending' AND j.claimed_by IN (SELECT id FROM dead)
+    WHERE j.status = 'sending'
+      AND (j.claimed_by IN (SELECT id FROM dead)
+           OR (%(orphans)s AND j.claimed_by = %(node_id)s
+               AND j.claim_token <> ALL (%(held_tokens)s::uuid[])
+               AND j.claimed_at < now() - interval '1 second'))
     FOR UPDATE OF j SKIP LOCKED
 ), victims AS (
-    -- The lowest-id job of each batch still 'sending' is the one whose send may have begun;
-    -- every one of them may have, if the batch was claimed before the server's last start (a
-    -- crash may have lost results committed asynchronously).
     SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token)
                 OR l.claimed_at < pg_postmaster_start_time() AS started
     FROM locked l
@@ -370,77 +381,27 @@ WITH dead AS (
            next_attempt_at = CASE WHEN v.started THEN now() ELSE j.next_attempt_at END,
            first_attempt_at = CASE WHEN v.started THEN coalesce(j.first_attempt_at, v.claimed_at)
                                    ELSE j.first_attempt_at END,
-           last_result = CASE WHEN v.started THEN 'in doubt: its node died while sending' ELSE j.last_result END,
+           last_result = CASE WHEN NOT v.started THEN j.last_result
+                              WHEN v.claimed_by = %(node_id)s THEN 'in doubt: its result was never committed'
+                              ELSE 'in doubt: its node died while sending' END,
            claimed_by = NULL, claim_token = NULL, claimed_at = NULL
       FROM victims v
      WHERE j.id = v.id AND j.status = 'sending' AND j.claim_token = v.claim_token
-       AND j.claimed_by IN (SELECT id FROM dead)
-    RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts,
+       AND (j.claimed_by IN (SELECT id FROM dead) OR j.claimed_by = %(node_id)s)
+    RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts, j.last_result,
               v.started, v.claimed_at, v.claimed_by
 ), logged AS (
     INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at,
                                    outcome, in_doubt, message)
     SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, r.claimed_at, 'in_doubt', true,
-           'in doubt: node ' || coalesce(d.name, '?') || ' (' || r.claimed_by || ') died while sending; '
+           r.last_result || coalesce(' (node ' || d.name || ', ' || r.claimed_by || ')', '') || '; '
            || CASE WHEN r.status = 'failed' THEN 'failed as ' || r.failure_reason ELSE 'sent again' END
     FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by
     WHERE r.started
 )
 SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS in_doubt,
-       d.name AS dead_node
+       coalesce(d.name, %(name)s) AS dead_node
 FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
-
--- name: jobs_recover_orphans
--- This live node's own jobs that no worker holds any more: a worker gave up on its batch (its
--- connection died for longer than the lease, an unexpected error) or a Postgres crash lost
--- results committed asynchronously. Workers hold their batch's token from before the claim, and
--- a claim younger than a second is left alone: the token list was read just before this runs.
--- In doubt, as for a dead node: the lowest-id job of each batch, or all of a batch claimed before
--- the server's last start.
-WITH locked AS (
-    SELECT j.id, j.claim_token, j.claimed_at
-    FROM broadcast_jobs j
-    WHERE j.status = 'sending' AND j.claimed_by = %(node_id)s
-      AND j.claim_token <> ALL (%(held_tokens)s::uuid[])
-      AND j.claimed_at < now() - interval '1 second'
-    FOR UPDATE OF j SKIP LOCKED
-), orphans AS (
-    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token)
-                OR l.claimed_at < pg_postmaster_start_time() AS started
-    FROM locked l
-), recovered AS (
-    UPDATE broadcast_jobs j
-       SET status = CASE
-               WHEN NOT o.started THEN CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END
-               WHEN j.rescues + 1 > %(max_rescues)s OR %(in_doubt)s = 'fail' THEN 'failed'
-               ELSE 'retry' END,
-           failure_reason = CASE
-               WHEN NOT o.started THEN j.failure_reason
-               WHEN j.rescues + 1 > %(max_rescues)s THEN 'crashed_repeatedly'
-               WHEN %(in_doubt)s = 'fail' THEN 'in_doubt'
-               ELSE j.failure_reason END,
-           rescues = j.rescues + o.started::int,
-           attempts = j.attempts + o.started::int,
-           next_attempt_at = CASE WHEN o.started THEN now() ELSE j.next_attempt_at END,
-           first_attempt_at = CASE WHEN o.started THEN coalesce(j.first_attempt_at, o.claimed_at)
-                                   ELSE j.first_attempt_at END,
-           last_result = CASE WHEN o.started THEN 'in doubt: its result was never committed'
-                              ELSE j.last_result END,
-           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
-      FROM orphans o
-     WHERE j.id = o.id AND j.claim_token = o.claim_token AND j.status = 'sending'
-    RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts, o.started, o.claimed_at
-), logged AS (
-    INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at, outcome,
-                                   in_doubt, message)
-    SELECT r.id, r.broadcast_id, r.attempts, %(name)s, %(node_id)s, r.claimed_at, 'in_doubt', true,
-           'in doubt: its result was never committed; '
-           || CASE WHEN r.status = 'failed' THEN 'failed as ' || r.failure_reason ELSE 'sent again' END
-    FROM recovered r
-    WHERE r.started
-)
-SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS in_doubt, %(name)s AS dead_node
-FROM recovered r;
 
 -- name: campaign_pause
 UPDATE campaigns SET status = 'paused', paused_reason = %(reason)s, updated_at = now()
