@@ -17,7 +17,6 @@ sending campaign's part of the claim index, never a paused job (a taller index: 
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -29,8 +28,16 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import psycopg
+from common import (
+    admin_dsn,
+    bench_config,
+    bench_parser,
+    enqueue,
+    fill_list,
+    open_app,
+    scratch_database,
+)
 
-from common import bench_config, enqueue, fill_list, open_app, scratch_database
 from senddock.cli.logs import configure_logging
 from senddock.core.nodes import NodeIdentity
 from senddock.core.queries import query
@@ -129,9 +136,7 @@ def _count(line: str, what: str) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--embedded", action="store_true")
+    parser = bench_parser(__doc__)
     parser.add_argument("--paused", type=int, default=1_000_000, help="jobs of the paused campaign in case (b)")
     parser.add_argument("--small", type=int, default=20_000, help="jobs of the sending campaign")
     parser.add_argument("--claims", type=int, default=2_000, help="claims per side in each of the two passes")
@@ -142,7 +147,7 @@ def main() -> None:
         parser.error(f"--small must hold at least --claims x {BATCH} jobs")
     with ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        admin = None if args.embedded else args.dsn
+        admin = admin_dsn(args)
         dsn_a = stack.enter_context(scratch_database(admin))
         # With --embedded both databases must live on one server: the second goes on the first's.
         dsn_b = stack.enter_context(scratch_database(admin or dsn_a))

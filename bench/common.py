@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 import uuid
@@ -81,3 +82,17 @@ def machine_cpu() -> float:
     """Busy CPU seconds of the whole machine (Postgres and any in-process server included)."""
     times = psutil.cpu_times()
     return times.user + times.system + getattr(times, "softirq", 0) + getattr(times, "irq", 0)
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every benchmark shares: where its scratch database goes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test",
+                        help="administrative DSN of the server to create the scratch database on")
+    parser.add_argument("--embedded", action="store_true", help="use a throw-away embedded Postgres instead")
+    return parser
+
+
+def admin_dsn(args: argparse.Namespace) -> str | None:
+    """--dsn, or None for a throw-away embedded Postgres (what scratch_database expects)."""
+    return None if args.embedded else args.dsn

@@ -12,7 +12,6 @@ statement), suppression check at claim, fencing, plugin calls, logging and the f
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import threading
@@ -20,8 +19,18 @@ import time
 from pathlib import Path
 
 import psycopg
+from common import (
+    admin_dsn,
+    bench_config,
+    bench_parser,
+    enqueue,
+    fill_list,
+    machine_cpu,
+    open_app,
+    reset_jobs,
+    scratch_database,
+)
 
-from common import bench_config, enqueue, fill_list, machine_cpu, open_app, reset_jobs, scratch_database
 from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
 
@@ -96,9 +105,7 @@ def measure(dsn: str, jobs: int, workers: int, batch: int, folder: Path, result_
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--embedded", action="store_true")
+    parser = bench_parser(__doc__)
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--batch", type=int, default=5)
@@ -110,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     # As `senddock run` does when its stderr is not a terminal: JSON lines.
     configure_logging(args.log, "json")
-    with tempfile.TemporaryDirectory() as folder, scratch_database(None if args.embedded else args.dsn) as dsn:
+    with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
         row = measure(dsn, args.jobs, args.workers, args.batch, Path(folder), args.result_commit)
     print(f"senddock {row['senddock_jobs_per_s']:,} jobs/s vs bare loop {row['bare_jobs_per_s']:,} jobs/s: "
           f"ratio {row['ratio']}x")

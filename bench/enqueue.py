@@ -11,21 +11,18 @@ so each starts from the same state. Prints the median of --repeat runs and the r
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import psycopg
+from common import admin_dsn, bench_parser, scratch_database
 
 from senddock.api import Senddock
 from senddock.cli.logs import configure_logging
 from senddock.config import load_config
-from senddock.core.db import Database, embedded_server
-from senddock.testing import create_database, drop_database, migrate_database
+from senddock.core.db import Database
 
 BARE_INSERT = """
 INSERT INTO broadcast_jobs (broadcast_id, subscriber_id, email, domain)
@@ -97,23 +94,13 @@ def run(dsn: str, sizes: list[int], repeat: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test",
-                        help="administrative DSN of the server to create the scratch database on")
-    parser.add_argument("--embedded", action="store_true", help="use a throw-away embedded Postgres instead")
+    parser = bench_parser(__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     configure_logging("warning", "json")  # log lines to stderr, not among the results
-    with tempfile.TemporaryDirectory() as folder:
-        admin = embedded_server(Path(folder) / "pgdata").get_uri() if args.embedded else args.dsn
-        name = f"senddock_bench_{uuid.uuid4().hex[:8]}"
-        dsn = create_database(admin, name)
-        try:
-            migrate_database(dsn)
-            rows = run(dsn, args.sizes, args.repeat)
-        finally:
-            drop_database(admin, name)
+    with scratch_database(admin_dsn(args)) as dsn:
+        rows = run(dsn, args.sizes, args.repeat)
     print(json.dumps({"benchmark": "enqueue", "results": rows}))
 
 

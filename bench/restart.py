@@ -16,7 +16,6 @@ checked against the jobs marked sent (nothing lost; extra messages only from in-
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -29,8 +28,16 @@ from collections import Counter
 from pathlib import Path
 
 import psycopg
+from common import (
+    admin_dsn,
+    bench_config,
+    bench_parser,
+    enqueue,
+    fill_list,
+    open_app,
+    scratch_database,
+)
 
-from common import bench_config, enqueue, fill_list, open_app, scratch_database
 from senddock.cli.logs import configure_logging
 from senddock.sink import Sink
 
@@ -154,16 +161,14 @@ def measure(dsn: str, jobs: int, rounds: int, kill_after: int, folder: Path) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--embedded", action="store_true")
+    parser = bench_parser(__doc__)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kill-after", type=int, default=300, help="sends between a (re)start and the next kill")
     args = parser.parse_args()
     # senddock's own log lines in this process (migrations) go to stderr, never among the results.
     configure_logging("info", "json")
-    with tempfile.TemporaryDirectory() as folder, scratch_database(None if args.embedded else args.dsn) as dsn:
+    with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
         row = measure(dsn, args.jobs, args.rounds, args.kill_after, Path(folder))
     print(f"first send {row['median_first_send_s']:.2f}s after a restart (median of {args.rounds}; target < 2 s), "
           f"{row['ratio_to_cold_start']}x a first start; every dead incarnation's job recovered: "

@@ -13,7 +13,6 @@ same memory at 1M as at 100k: the target is a ratio (largest size / smallest) of
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,8 +22,17 @@ import time
 from pathlib import Path
 
 import psutil
+from common import (
+    BENCH,
+    admin_dsn,
+    bench_config,
+    bench_parser,
+    enqueue,
+    fill_list,
+    open_app,
+    scratch_database,
+)
 
-from common import BENCH, bench_config, enqueue, fill_list, open_app, scratch_database
 from senddock.cli.logs import configure_logging
 
 SENDDOCK = Path(sys.executable).with_name("senddock")
@@ -84,9 +92,7 @@ def measure(dsn: str, sizes: list[int], workers: int, log: str, folder: Path) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--embedded", action="store_true")
+    parser = bench_parser(__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--log", choices=["info", "warning"], default="info",
@@ -96,7 +102,7 @@ def main() -> None:
     configure_logging("info", "json")
     if len(args.sizes) < 2:
         parser.error("--sizes needs at least two sizes to compare")
-    with tempfile.TemporaryDirectory() as folder, scratch_database(None if args.embedded else args.dsn) as dsn:
+    with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
         row = measure(dsn, args.sizes, args.workers, args.log, Path(folder))
     print(f"peak RSS at {max(args.sizes):,} jobs is {row['ratio']}x the peak at {min(args.sizes):,} (target <= 1.2)")
     print(json.dumps({"benchmark": "rss", **row}))

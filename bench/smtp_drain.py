@@ -14,7 +14,6 @@ whole machine per message is printed beside each rate to show the cost a rate ma
 
 from __future__ import annotations
 
-import argparse
 import json
 import smtplib
 import tempfile
@@ -24,8 +23,18 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from pathlib import Path
 
+from common import (
+    admin_dsn,
+    bench_config,
+    bench_parser,
+    enqueue,
+    fill_list,
+    machine_cpu,
+    open_app,
+    reset_jobs,
+    scratch_database,
+)
 
-from common import bench_config, enqueue, fill_list, machine_cpu, open_app, reset_jobs, scratch_database
 from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
 from senddock.sink import Sink
@@ -98,9 +107,7 @@ def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/test")
-    parser.add_argument("--embedded", action="store_true")
+    parser = bench_parser(__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=5)
     parser.add_argument("--log", choices=["info", "warning"], default="info",
@@ -109,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     # As `senddock run` does when its stderr is not a terminal: buffered JSON lines.
     configure_logging(args.log, "json")
-    with tempfile.TemporaryDirectory() as folder, scratch_database(None if args.embedded else args.dsn) as dsn:
+    with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
         row = measure(dsn, args.messages, args.workers, Path(folder))
     print(f"senddock {row['senddock_messages_per_s']:,} messages/s vs bare smtplib "
           f"{row['bare_messages_per_s']:,} messages/s: ratio {row['ratio']}x (target >= 0.5)")

@@ -7,6 +7,15 @@ EXIT_PROBLEMS = 1  # the command ran, but found problems in its input (rejected 
 EXIT_USAGE = 2  # usage or configuration error
 
 
+def error_line(exc: BaseException) -> str:
+    """The first line of an exception's message (psycopg's carry hints on further lines), with any
+    DSN password masked: what a log line or an error message shows of it."""
+    from senddock.redact import redact_dsn
+
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return redact_dsn(lines[0]) if lines else type(exc).__name__
+
+
 class SenddockError(Exception):
     """An error meant for the person running senddock: the message is shown as it is."""
 

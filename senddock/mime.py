@@ -16,10 +16,6 @@ def message_id_for(broadcast_id: int, job_id: int, domain: str) -> str:
     return f"<senddock.{broadcast_id}.{job_id}@{domain}>"
 
 
-def message_id(message: Message, domain: str | None = None) -> str:
-    return message_id_for(message.broadcast_id, message.job_id, domain or sender_domain(message.campaign.from_addr))
-
-
 def sender_domain(from_addr: str) -> str:
     [(_, address)] = getaddresses([from_addr]) or [("", "")]
     return address.rpartition("@")[2] or "localhost"
@@ -39,7 +35,9 @@ def build_email(message: Message, *, message_id_domain: str | None = None) -> Em
         email["Reply-To"] = campaign.reply_to
     email["Subject"] = campaign.subject
     email["Date"] = format_datetime(localtime())
-    email["Message-ID"] = message_id(message, message_id_domain)
+    email["Message-ID"] = message_id_for(
+        message.broadcast_id, message.job_id, message_id_domain or sender_domain(campaign.from_addr)
+    )
     email["X-Senddock-Broadcast"] = f"{message.broadcast_id}.{message.job_id}"
     if campaign.text_body is not None:
         email.set_content(campaign.text_body)

@@ -16,7 +16,7 @@ from senddock import __version__
 from senddock.cli import commands, engine
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
-from senddock.errors import EXIT_PROBLEMS, EXIT_USAGE, ConfigError, SenddockError
+from senddock.errors import EXIT_PROBLEMS, EXIT_USAGE, ConfigError, SenddockError, error_line
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         out.error(str(exc), exc.exit_code)
         return exc.exit_code
     except psycopg.OperationalError as exc:
-        out.error(f"database error: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}", EXIT_USAGE)
+        out.error(f"database error: {error_line(exc)}", EXIT_USAGE)
         return EXIT_USAGE
     except psycopg.Error as exc:
         out.error(f"database error: {exc}", EXIT_PROBLEMS)

@@ -12,7 +12,7 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from senddock.config import DatabaseSettings
-from senddock.errors import DatabaseError
+from senddock.errors import DatabaseError, error_line
 from senddock.redact import redact_dsn
 
 log = structlog.get_logger(__name__)
@@ -80,7 +80,7 @@ class Database:
             except Exception as exc:
                 self._pool.close()
                 self._pool = None
-                raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {_reason(exc)}") from exc
+                raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc)}") from exc
         return self._pool
 
     def connect_kwargs(self) -> dict[str, object]:
@@ -101,18 +101,12 @@ class Database:
         try:
             return psycopg.connect(self.dsn, **{**self.connect_kwargs(), **kwargs})
         except psycopg.OperationalError as exc:
-            raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {_reason(exc)}") from exc
+            raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc)}") from exc
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return redact_dsn(text[-1] if text else type(exc).__name__)
-
 
 def stop_embedded(server) -> None:
     """Stop an embedded server now, whoever else registered with it.

@@ -21,6 +21,7 @@ import structlog
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.queries import query
+from senddock.errors import error_line
 
 log = structlog.get_logger(__name__)
 
@@ -91,7 +92,7 @@ class Lifeline(threading.Thread):
                     return
                 if self._stop_event.is_set():
                     break
-                log.warning("lifeline_lost", error=_last_line(exc), retry_in=backoff)
+                log.warning("lifeline_lost", error=error_line(exc), retry_in=backoff)
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, self._heartbeat)
 
@@ -143,7 +144,3 @@ class Lifeline(threading.Thread):
         conn.execute(query("node_heartbeat"), {"node_id": self._node.id})
         self._last_ok = sent
 
-
-def _last_line(exc: BaseException) -> str:
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__

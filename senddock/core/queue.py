@@ -166,10 +166,6 @@ class Queue:
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
             return cur.execute(query("jobs_recover"), params).fetchall()
 
-    def recover_orphans(self, held_tokens: Sequence[uuid.UUID], *, in_doubt: str, max_rescues: int) -> list[RecoveredJob]:
-        return self.recover(lease=0, in_doubt=in_doubt, max_rescues=max_rescues, dead_nodes=False,
-                            orphans_of=held_tokens)
-
     def pause_campaign(self, campaign_id: int, reason: str) -> bool:
         return self.conn.execute(query("campaign_pause"), {"campaign_id": campaign_id, "reason": reason}).fetchone() is not None
 

@@ -25,7 +25,7 @@ from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.queue import Queue
 from senddock.core.suppressions import Suppressions
 from senddock.core.worker import Worker
-from senddock.errors import DatabaseError
+from senddock.errors import DatabaseError, error_line
 from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef, Outcome
 
 log = structlog.get_logger(__name__)
@@ -193,7 +193,7 @@ class Runner:
                     ))
                 self.finish_campaigns(queue)
         except psycopg.OperationalError as exc:
-            log.warning("chores_db_lost", error=str(exc).strip().splitlines()[-1:])
+            log.warning("chores_db_lost", error=error_line(exc))
 
     def _idle(self) -> bool:
         if any(w.busy for w in self.workers):

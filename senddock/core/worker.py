@@ -19,6 +19,7 @@ import structlog
 from senddock import mime
 from senddock.core import results
 from senddock.core.queue import ClaimedJob, JobResult, Queue, Recorded
+from senddock.errors import error_line
 from senddock.outcome import Bounce, BounceKind, BounceSource, CampaignContent, JobRef, Message, Recipient
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class Worker(threading.Thread):
                         backoff = 0.1
                         self._loop(runner.queue(conn))
                 except psycopg.OperationalError as exc:
-                    log.warning("worker_db_lost", worker=self.index, error=_last_line(exc), retry_in=backoff)
+                    log.warning("worker_db_lost", worker=self.index, error=error_line(exc), retry_in=backoff)
                 except Exception:
                     # Never a dead worker: a read-only server after a failover, bad bytes in a reply...
                     # The batch it held comes back through orphan recovery.
@@ -134,7 +135,7 @@ class Worker(threading.Thread):
         try:
             return queue.record(job, attempt, started_at, outcome, next_job)
         except psycopg.OperationalError as exc:
-            log.warning("result_commit_failed", job_id=job.id, error=_last_line(exc))
+            log.warning("result_commit_failed", job_id=job.id, error=error_line(exc))
         deadline = time.monotonic() + self.runner.config.recovery.lease
         delay = 0.2
         while True:
@@ -147,7 +148,7 @@ class Worker(threading.Thread):
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
                     raise
-                log.warning("result_commit_failed", job_id=job.id, error=_last_line(exc), retry_in=delay)
+                log.warning("result_commit_failed", job_id=job.id, error=error_line(exc), retry_in=delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -206,7 +207,3 @@ class Worker(threading.Thread):
             message_id=mime.message_id_for(job.broadcast_id, job.id, domain),
         )
 
-
-def _last_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[-1] if lines else type(exc).__name__

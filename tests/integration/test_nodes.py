@@ -140,12 +140,12 @@ def test_a_live_nodes_orphaned_jobs_come_back_with_the_batch_rule(senddock_app, 
         time.sleep(max(0.0, 3 - float(uptime)))
         conn.execute("UPDATE broadcast_jobs SET claimed_at = greatest(now() - interval '1 minute', "
                      "pg_postmaster_start_time() + interval '1 second') WHERE status = 'sending'")
-        assert queue.recover_orphans([held[0].claim_token], in_doubt="retry", max_rescues=5) == []  # still held
-        orphans = queue.recover_orphans([], in_doubt="retry", max_rescues=5)
+        assert queue.recover(lease=30, in_doubt="retry", max_rescues=5, dead_nodes=False, orphans_of=[held[0].claim_token]) == []  # still held
+        orphans = queue.recover(lease=30, in_doubt="retry", max_rescues=5, dead_nodes=False, orphans_of=[])
         assert sorted((r.email, r.status, r.in_doubt) for r in orphans) == [
             ("a@example.com", "retry", True), ("b@example.com", "pending", False)]
         young = queue.claim(5)
-        assert queue.recover_orphans([], in_doubt="retry", max_rescues=5) == []  # claimed a moment ago
+        assert queue.recover(lease=30, in_doubt="retry", max_rescues=5, dead_nodes=False, orphans_of=[]) == []  # claimed a moment ago
         assert len(young) == 3
 
 
