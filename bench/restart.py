@@ -90,7 +90,7 @@ def measure(dsn: str, jobs: int, rounds: int, kill_after: int, folder: Path) -> 
     fill_list(dsn, jobs)
     with Sink("127.0.0.1", 0) as sink:
         config = bench_config(dsn, folder, {
-            "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port}, "workers": 5,
+            "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port, "security": "none"}, "workers": 5,
             "recovery": {"heartbeat": "1s", "lease": "30s"}, "logging": {"level": "info"}})
         app = open_app(config, dsn)
         enqueue(app)

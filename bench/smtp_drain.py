@@ -79,7 +79,7 @@ def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
             else:
                 reset_jobs(dsn)
                 config = bench_config(dsn, folder, {
-                    "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port},
+                    "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port, "security": "none"},
                     "workers": workers, "poll_interval": "100ms"})
                 app = open_app(config, dsn)
                 campaign_id, _ = enqueue(app)  # outside the timing, like the bare side's fill

@@ -13,16 +13,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
+from senddock import mime
+from senddock.compose import Composer
 from senddock.config import Config, load_config
-from senddock.core import campaigns, lists, migrations, subscribers
-from senddock.core.campaigns import Campaign, CampaignStatus, CampaignSummary, EnqueueResult
+from senddock.core import campaigns, lists, migrations, results, subscribers
+from senddock.core.campaigns import (
+    Campaign,
+    CampaignStatus,
+    CampaignSummary,
+    EnqueueResult,
+)
 from senddock.core.db import Database
 from senddock.core.lists import MailingList
 from senddock.core.subscribers import ImportSummary, Rejection
 from senddock.core.suppressions import Suppressions
-from senddock.errors import DatabaseError
+from senddock.errors import DatabaseError, InvalidInput, NotFound
+from senddock.outcome import (
+    CampaignContent,
+    Classification,
+    Message,
+    Recipient,
+    SendResult,
+)
+from senddock.templates import TemplateError
 
 __all__ = [
     "Senddock",
@@ -44,6 +60,7 @@ class Senddock:
         self.db = database or Database(config.database)
         self.suppressions = Suppressions(self.db)
         self._schema_checked = False
+        self._composer: Composer | None = None
 
     @classmethod
     def open(cls, config_path: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None) -> Senddock:
@@ -150,8 +167,65 @@ class Senddock:
             return campaigns.all_campaigns(conn)
 
     def send_campaign(self, campaign_id: int) -> EnqueueResult:
+        """Enqueue the campaign's broadcast, once its templates rendered for a sample of recipients."""
+        with self._conn() as conn:
+            content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
+            sample = campaigns.sample_recipients(conn, campaign_id)
+        composer = self.composer
+        prepared = composer.prepare(content)
+        for recipient in sample:
+            try:
+                composer.message(prepared, _recipient(recipient), job_id=0, broadcast_id=0, attempt=1)
+            except TemplateError as exc:
+                raise InvalidInput(
+                    f"campaign {campaign_id} not sent: its template does not render for subscriber "
+                    f"{recipient.subscriber_id} ({recipient.email}): {exc}"
+                ) from None
         with self._conn() as conn:
             return campaigns.send_campaign(conn, campaign_id)
+
+    @property
+    def composer(self) -> Composer:
+        if self._composer is None:
+            self._composer = Composer(self.config)
+        return self._composer
+
+    def preview(self, campaign_id: int, *, email: str | None = None) -> tuple[Message, bytes]:
+        """The campaign's message, rendered and signed for one subscriber (by default the first one
+        the campaign reaches), exactly as a worker would build it."""
+        with self._conn() as conn:
+            content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
+            recipient = self._sample_subscriber(conn, campaign_id, email)
+        message = self.composer.message(
+            self.composer.prepare(content), _recipient(recipient), job_id=0, broadcast_id=0, attempt=1,
+            message_id=mime.one_off_message_id("preview", mime.sender_domain(content.from_addr)),
+        )
+        return message, mime.message_bytes(message)
+
+    def send_test(self, campaign_id: int, to: str, *, email: str | None = None) -> tuple[Message, SendResult, Classification]:
+        """Render the campaign (for ``email``'s subscriber, or the first one) and send it to ``to``
+        through the configured transport, synchronously; nothing is queued or recorded."""
+        message, _ = self.preview(campaign_id, email=email)
+        test_id = mime.one_off_message_id("test", mime.sender_domain(message.campaign.from_addr))
+        message = replace(message, recipient=replace(message.recipient, email=to), message_id=test_id)
+        pm, state = self.config.plugin_manager, {}
+        try:
+            result = results.send(pm, self.config, message, state)
+            verdict = results.classify(pm, self.config, result, message)
+        finally:
+            pm.hook.worker_stopped(worker_state=state, config=self.config)
+        return message, result, verdict
+
+    def _sample_subscriber(self, conn, campaign_id: int, email: str | None) -> campaigns.SampleRecipient:
+        if email is not None:
+            found = campaigns.subscriber_by_email(conn, email)
+            if found is None:
+                raise NotFound(f"no subscriber {email}")
+            return found
+        sample = campaigns.sample_recipients(conn, campaign_id, each=1)
+        if not sample:
+            raise NotFound(f"campaign {campaign_id} reaches no active subscriber: give --email")
+        return sample[0]
 
     def resume_campaign(self, campaign_id: int) -> None:
         """Put a paused campaign back to sending (after fixing what paused it)."""
@@ -167,3 +241,7 @@ class Senddock:
     def suppress(self, email: str, *, reason: str = "manual") -> bool:
         self.ensure_schema()
         return self.suppressions.add(email, reason=reason)
+
+
+def _recipient(row: campaigns.SampleRecipient) -> Recipient:
+    return Recipient(row.email, row.name, row.attributes, row.subscriber_id)

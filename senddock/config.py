@@ -397,3 +397,9 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
         )
     if heartbeat <= 0:
         yield "$.recovery.heartbeat", "must be longer than 0s"
+    unsubscribe = data["unsubscribe"]
+    if (unsubscribe["url"] or unsubscribe["mailto"]) and not unsubscribe["secret"]:
+        yield "$.unsubscribe.secret", "required with unsubscribe.url or unsubscribe.mailto: the links are signed with it"
+    serve = data["serve"]
+    if bool(serve["tls_cert_file"]) != bool(serve["tls_key_file"]):
+        yield "$.serve", "tls_cert_file and tls_key_file go together"

@@ -36,7 +36,7 @@ DEFERRED = 10
 def _settings(port: int, pgdata: Path) -> dict[str, Any]:
     return {
         "database": {"embedded": {"path": str(pgdata)}},
-        "smtp": {"host": "127.0.0.1", "port": port, "timeout": "5s"},
+        "smtp": {"host": "127.0.0.1", "port": port, "timeout": "5s", "security": "none"},
         "retry": {"schedule": ["2s"], "max_retries": 3, "jitter": 0},
         "recovery": {"heartbeat": "500ms", "lease": "3s"},
         "poll_interval": "200ms",

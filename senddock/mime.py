@@ -1,8 +1,16 @@
 """Build the MIME message of a job: shared by every transport, so switching transports changes
-nothing the recipient sees. Plugins may import this module (it is not part of the engine)."""
+nothing the recipient sees. Plugins may import this module (it is not part of the engine).
+
+The standard library's ``email`` package with ``policy.SMTP`` does the encoding: RFC 2047 for
+non-ASCII headers and display names, quoted-printable or base64 UTF-8 bodies, CRLF line ends.
+Internationalised domains are written in their IDNA (xn--) form, which every relay accepts;
+non-ASCII local parts would need SMTPUTF8 (RFC 6531), which the SMTP transport refuses per job.
+"""
 
 from __future__ import annotations
 
+import re
+import uuid
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.policy import SMTP
@@ -13,7 +21,27 @@ from senddock.outcome import Message
 
 def message_id_for(broadcast_id: int, job_id: int, domain: str) -> str:
     """Derived from the job, so a resend after a crash carries the same Message-ID."""
-    return f"<senddock.{broadcast_id}.{job_id}@{domain}>"
+    return f"<senddock.{broadcast_id}.{job_id}@{ascii_domain(domain)}>"
+
+
+def one_off_message_id(kind: str, domain: str) -> str:
+    """A Message-ID for a message that is no job (a preview, a test send): unique every time."""
+    return f"<senddock.{kind}.{uuid.uuid4().hex}@{ascii_domain(domain)}>"
+
+
+def ascii_domain(domain: str) -> str:
+    """``bücher.example`` -> ``xn--bcher-kva.example``; ASCII domains unchanged."""
+    try:
+        domain.encode("ascii")
+        return domain
+    except UnicodeEncodeError:
+        return domain.encode("idna").decode("ascii")
+
+
+def ascii_address(address: str) -> str:
+    """An addr-spec with its domain in IDNA form (the envelope and the headers take this)."""
+    local, at, domain = address.rpartition("@")
+    return f"{local}{at}{ascii_domain(domain)}" if at else address
 
 
 def sender_domain(from_addr: str) -> str:
@@ -22,27 +50,75 @@ def sender_domain(from_addr: str) -> str:
 
 
 def envelope_sender(message: Message) -> str:
-    return getaddresses([message.campaign.from_addr])[0][1]
+    return ascii_address(getaddresses([message.campaign.from_addr])[0][1])
+
+
+def verp_token(message: Message) -> str:
+    """The per-message part of a VERP return path (``bounces+{token}@...``): which job a
+    delivery status notification is about. Letters, digits and dots only: safe in a local part."""
+    return f"b{message.broadcast_id}.j{message.job_id}"
+
+
+_VERP_TOKEN = re.compile(r"\+b(?P<broadcast>\d+)\.j(?P<job>\d+)@")
+
+
+def read_verp_token(address: str) -> tuple[int, int] | None:
+    """(broadcast_id, job_id) from a VERP return path, or None."""
+    found = _VERP_TOKEN.search(address)
+    return (int(found["broadcast"]), int(found["job"])) if found else None
+
+
+def list_id(list_name: str | None, list_id_value: int | None, domain: str) -> str:
+    """RFC 2919 ``List-Id: "Name" <label.domain>``; without a list, one per sending domain."""
+    label = f"list-{list_id_value}" if list_id_value is not None else "senddock"
+    identifier = f"<{label}.{ascii_domain(domain)}>"
+    if not list_name:
+        return identifier
+    phrase = list_name.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{phrase}" {identifier}'
+
+
+def _mailbox(display_name: str, address: str) -> Address | str:
+    address = ascii_address(address)
+    if not display_name:
+        return address
+    local, _, domain = address.rpartition("@")
+    return Address(display_name=display_name, username=local, domain=domain)
+
+
+def _from_header(from_addr: str) -> Address | str:
+    [(name, address)] = getaddresses([from_addr])
+    return _mailbox(name, address)
 
 
 def build_email(message: Message, *, message_id_domain: str | None = None) -> EmailMessage:
-    campaign = message.campaign
+    """The message as an EmailMessage (not yet signed: see :func:`message_bytes`)."""
+    campaign, content, recipient = message.campaign, message.content, message.recipient
     email = EmailMessage(policy=SMTP)
-    email["From"] = campaign.from_addr
-    recipient = message.recipient
-    email["To"] = Address(display_name=recipient.name, addr_spec=recipient.email) if recipient.name else recipient.email
+    email["From"] = _from_header(campaign.from_addr)
+    email["To"] = _mailbox(recipient.name, recipient.email)
     if campaign.reply_to:
-        email["Reply-To"] = campaign.reply_to
-    email["Subject"] = campaign.subject
+        email["Reply-To"] = _from_header(campaign.reply_to)
+    email["Subject"] = content.subject
     email["Date"] = format_datetime(localtime())
-    email["Message-ID"] = message_id_for(
-        message.broadcast_id, message.job_id, message_id_domain or sender_domain(campaign.from_addr)
+    email["Message-ID"] = (
+        message_id_for(message.broadcast_id, message.job_id, message_id_domain)
+        if message_id_domain
+        else message.message_id
     )
-    email["X-Senddock-Broadcast"] = f"{message.broadcast_id}.{message.job_id}"
-    if campaign.text_body is not None:
-        email.set_content(campaign.text_body)
-        if campaign.html_body is not None:
-            email.add_alternative(campaign.html_body, subtype="html")
+    for name, value in message.headers.items():
+        email[name] = value
+    if content.text_body is not None:
+        email.set_content(content.text_body)
+        if content.html_body is not None:
+            email.add_alternative(content.html_body, subtype="html")
     else:
-        email.set_content(campaign.html_body or "", subtype="html")
+        email.set_content(content.html_body or "", subtype="html")
     return email
+
+
+def message_bytes(message: Message, *, message_id_domain: str | None = None) -> bytes:
+    """The finished message as sent: built, then signed when a signer is configured (DKIM)."""
+    data = build_email(message, message_id_domain=message_id_domain).as_bytes()
+    return message.signer.sign(data) if message.signer is not None else data
+

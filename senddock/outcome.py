@@ -33,13 +33,34 @@ class CampaignContent:
     reply_to: str | None = None
     text_body: str | None = None
     html_body: str | None = None
+    list_id: int | None = None  # the campaign's first list: what List-Id names
+    list_name: str | None = None
+
+
+@dataclass(frozen=True)
+class RenderedContent:
+    """The campaign's templates rendered for one recipient (text generated when only HTML is given)."""
+
+    subject: str
+    text_body: str | None
+    html_body: str | None
+
+
+class MessageSigner(Protocol):
+    """Signs a finished message (DKIM); ``senddock.mime.message_bytes`` applies it."""
+
+    def sign(self, message: bytes) -> bytes:
+        """The message with its signature header(s) prepended."""
 
 
 @dataclass(frozen=True)
 class Message:
-    """One job's message, handed to ``send_message``.
+    """One job's message, handed to ``send_message``: everything a transport needs, ready to go.
 
     ``message_id`` is derived from the job, so a resend after a crash carries the same Message-ID.
+    ``content`` is rendered for this recipient; ``headers`` are the list headers the engine adds
+    (List-Id, List-Unsubscribe, List-Unsubscribe-Post, Feedback-ID...). ``senddock.mime`` turns it
+    into a standards-correct, signed MIME message, so every transport sends the same bytes.
     """
 
     job_id: int
@@ -48,6 +69,9 @@ class Message:
     recipient: Recipient
     campaign: CampaignContent
     message_id: str
+    content: RenderedContent
+    headers: Mapping[str, str] = field(default_factory=dict)
+    signer: MessageSigner | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

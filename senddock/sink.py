@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from email.policy import default as default_policy
 from pathlib import Path
 
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session, SMTP
+from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
 _REPLY = re.compile(r"^[245]\d\d( .*)?$")
 
@@ -119,11 +120,21 @@ class Sink:
         save_dir: Path | None = None,
         on_message: Callable[[Received], None] | None = None,
         credentials: tuple[str, str] | None = None,
+        security: str = "none",
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``security``: ``none``, ``starttls`` (offered and required before MAIL) or ``tls``
+        (implicit TLS from the first byte); both need a server-side ``tls_context``."""
         self.handler = SinkHandler(rules=rules, save_dir=save_dir, on_message=on_message)
         self.host = host
         self._port = port
-        kwargs = {}
+        kwargs: dict = {}
+        if security != "none" and tls_context is None:
+            raise ValueError(f"security={security!r} needs a tls_context")
+        if security == "starttls":
+            kwargs.update(tls_context=tls_context, require_starttls=True)
+        elif security == "tls":
+            kwargs.update(ssl_context=tls_context)
         if credentials is not None:
             expected = (credentials[0].encode(), credentials[1].encode())
 
@@ -131,7 +142,9 @@ class Sink:
                 ok = isinstance(auth_data, LoginPassword) and (auth_data.login, auth_data.password) == expected
                 return AuthResult(success=ok, handled=False)
 
-            kwargs = {"authenticator": authenticate, "auth_require_tls": False, "auth_required": True}
+            # Over plain SMTP the sink accepts AUTH in clear text (development only); with TLS it
+            # insists on it, as real relays do.
+            kwargs.update(authenticator=authenticate, auth_require_tls=security != "none", auth_required=True)
         if save_dir is not None:
             save_dir.mkdir(parents=True, exist_ok=True)
         self._controller = Controller(self.handler, hostname=host, port=port or _free_port(host), **kwargs)

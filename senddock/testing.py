@@ -144,7 +144,7 @@ def fast_settings(smtp_port: int | None = None, **overrides: Any) -> dict[str, A
         "logging": {"level": "warning"},
     }
     if smtp_port is not None:
-        settings["smtp"] = {"host": "127.0.0.1", "port": smtp_port, "timeout": "5s"}
+        settings["smtp"] = {"host": "127.0.0.1", "port": smtp_port, "timeout": "5s", "security": "none"}
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(settings.get(key), dict):
             settings[key] = {**settings[key], **value}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -10,6 +11,28 @@ from pathlib import Path
 
 import psycopg
 import yaml
+
+
+def dkim_key(folder: Path) -> tuple[Path, str]:
+    """A fresh RSA key file and the DNS TXT record that publishes its public half."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    path = folder / "dkim.pem"
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    public = key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return path, f"v=DKIM1; k=rsa; p={base64.b64encode(public).decode()}"
+
+
+def dns_for(record: str, name: str = "s1._domainkey.example.com."):
+    """A resolver for dkim.verify that knows one TXT record."""
+
+    def lookup(qname, timeout=5):
+        return record.encode() if qname.decode() == name else None
+
+    return lookup
 
 
 def senddock_executable() -> str:

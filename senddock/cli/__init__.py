@@ -13,10 +13,16 @@ from collections.abc import Sequence
 import psycopg
 
 from senddock import __version__
-from senddock.cli import commands, engine
+from senddock.cli import commands, engine, mail
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
-from senddock.errors import EXIT_PROBLEMS, EXIT_USAGE, ConfigError, SenddockError, error_line
+from senddock.errors import (
+    EXIT_PROBLEMS,
+    EXIT_USAGE,
+    ConfigError,
+    SenddockError,
+    error_line,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     command(camp, "status", commands.campaign_status, "counts of the campaign's broadcast").add_argument(
         "id", type=_positive_int, metavar="ID")
     engine.add_commands(sub, camp, command, _positive_int)
+    mail.add_commands(sub, camp, command, _positive_int)
     return parser
 
 

@@ -14,6 +14,9 @@ from senddock.addresses import check_mailbox
 from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
+from senddock.templates import CampaignTemplates, TemplateError
+
+_TEMPLATE_OPTION = {"subject": "--subject", "text": "--text", "html": "--html"}
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,11 @@ def create_campaign(
         raise InvalidInput("a campaign needs a body: give --text FILE and/or --html FILE")
     from_addr = check_mailbox(from_addr, what="--from")
     reply_to = check_mailbox(reply_to, what="--reply-to") if reply_to else None
+    try:
+        CampaignTemplates.compile(subject, text_body, html_body)
+    except TemplateError as exc:
+        line = f"line {exc.line}: " if exc.line else ""
+        raise InvalidInput(f"{_TEMPLATE_OPTION[exc.field]}: template error, {line}{exc.detail}") from None
     with conn.transaction():
         list_ids = [get_list(conn, list_name).id for list_name in lists]
         campaign_id = conn.execute(
@@ -124,6 +132,34 @@ def create_campaign(
 def get_campaign(conn: psycopg.Connection, campaign_id: int) -> Campaign:
     with conn.cursor(row_factory=class_row(Campaign)) as cur:
         found = cur.execute(query("campaign_get"), {"campaign_id": campaign_id}).fetchone()
+    if found is None:
+        raise NotFound(f"no campaign with id {campaign_id}")
+    return found
+
+
+@dataclass(frozen=True)
+class SampleRecipient:
+    subscriber_id: int
+    email: str
+    name: str
+    attributes: dict[str, Any]
+
+
+def sample_recipients(conn: psycopg.Connection, campaign_id: int, each: int = 20) -> list[SampleRecipient]:
+    """Some of the subscribers a send would reach (the oldest and the newest ``each``)."""
+    list_ids = [row[0] for row in conn.execute(query("campaign_list_ids"), {"campaign_id": campaign_id})]
+    with conn.cursor(row_factory=class_row(SampleRecipient)) as cur:
+        return cur.execute(query("campaign_sample_recipients"), {"list_ids": list_ids, "each": each}).fetchall()
+
+
+def subscriber_by_email(conn: psycopg.Connection, email: str) -> SampleRecipient | None:
+    with conn.cursor(row_factory=class_row(SampleRecipient)) as cur:
+        return cur.execute(query("subscriber_by_email"), {"email": email}).fetchone()
+
+
+def campaign_content(conn: psycopg.Connection, campaign_id: int) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(query("campaign_content"), {"campaign_id": campaign_id}).fetchone()
     if found is None:
         raise NotFound(f"no campaign with id {campaign_id}")
     return found

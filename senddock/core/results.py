@@ -16,6 +16,7 @@ from senddock import defaults
 from senddock.config import Config
 from senddock.core.queue import JobResult
 from senddock.outcome import Classification, Message, Outcome, RetryDecision, SendResult
+from senddock.templates import TemplateError
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +34,12 @@ def send(pm: pluggy.PluginManager, config: Config, message: Message, worker_stat
         return SendResult(config.transport, ok=False, text=f"no plugin answered send_message for transport {config.transport!r}",
                           phase="no_transport")
     return result
+
+
+def template_failure(error: TemplateError) -> tuple[SendResult, Classification]:
+    """A recipient whose data does not render: failed with the template's message, never sent."""
+    result = SendResult("engine", ok=False, text=str(error), phase="render", error=error)
+    return result, Classification(Outcome.FAIL, "template_error")
 
 
 def classify(pm: pluggy.PluginManager, config: Config, result: SendResult, message: Message) -> Classification:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import psycopg
 import structlog
 
+from senddock.compose import Composer
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.nodes import Lifeline, NodeIdentity
@@ -26,7 +27,14 @@ from senddock.core.queue import Queue
 from senddock.core.suppressions import Suppressions
 from senddock.core.worker import Worker
 from senddock.errors import DatabaseError, error_line
-from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef, Outcome
+from senddock.outcome import (
+    Bounce,
+    BounceKind,
+    BounceSource,
+    Classification,
+    JobRef,
+    Outcome,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -66,6 +74,8 @@ class Runner:
         self.stopping = threading.Event()
         self.stats = RunStats()
         self.suppressions = Suppressions(self.db)
+        # Before the first claim: a DKIM key that cannot be read stops the node at start-up.
+        self.composer = Composer(config)
         self._wake = threading.Condition()
         self._failures: Counter = Counter()
         self._failures_lock = threading.Lock()

@@ -157,3 +157,8 @@ def _read_rows(text: io.TextIOWrapper, label: str) -> Iterator[Any]:
     except csv.Error as exc:
         raise InvalidInput(f"{label}:{reader.line_num}: {exc}") from None
 
+
+def unsubscribe(conn: psycopg.Connection, subscriber_id: int, campaign_id: int) -> str | None:
+    """Unsubscribe and suppress; the subscriber's address, or None when there is no such subscriber."""
+    row = conn.execute(query("subscriber_unsubscribe"), {"subscriber_id": subscriber_id, "campaign_id": campaign_id}).fetchone()
+    return row[0] if row else None

@@ -16,11 +16,19 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
-from senddock import mime
 from senddock.core import results
 from senddock.core.queue import ClaimedJob, JobResult, Queue, Recorded
 from senddock.errors import error_line
-from senddock.outcome import Bounce, BounceKind, BounceSource, CampaignContent, JobRef, Message, Recipient
+from senddock.outcome import (
+    Bounce,
+    BounceKind,
+    BounceSource,
+    CampaignContent,
+    JobRef,
+    Message,
+    Recipient,
+)
+from senddock.templates import TemplateError
 
 if TYPE_CHECKING:
     from senddock.core.runner import Runner
@@ -35,7 +43,7 @@ class Worker(threading.Thread):
         self.index = index
         self.busy = False
         self._state: dict[str, Any] = {}
-        self._campaigns: dict[int, tuple[CampaignContent, str]] = {}
+        self._campaigns: dict[int, CampaignContent] = {}
 
     def run(self) -> None:
         runner = self.runner
@@ -112,10 +120,15 @@ class Worker(threading.Thread):
 
     def _send_one(self, queue: Queue, job: ClaimedJob, next_job: ClaimedJob | None, pending: list[ClaimedJob]):
         runner = self.runner
-        message = self._message(queue, job)
         started_at = datetime.now(timezone.utc)
-        result = results.send(runner.pm, runner.config, message, self._state)
-        verdict = results.classify(runner.pm, runner.config, result, message)
+        try:
+            message = self._message(queue, job)
+        except TemplateError as exc:
+            # This recipient's data does not fit the template: fail the job, the broadcast goes on.
+            result, verdict = results.template_failure(exc)
+        else:
+            result = results.send(runner.pm, runner.config, message, self._state)
+            verdict = results.classify(runner.pm, runner.config, result, message)
         age = (started_at - (job.first_attempt_at or started_at)).total_seconds()
         outcome = results.job_result(
             runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts
@@ -191,19 +204,15 @@ class Worker(threading.Thread):
         )
 
     def _message(self, queue: Queue, job: ClaimedJob) -> Message:
-        """The job's Message; campaign content is read once per campaign per worker."""
-        cached = self._campaigns.get(job.campaign_id)
-        if cached is None:
-            content = CampaignContent(**queue.campaign_content(job.campaign_id))
-            # Parsed once per campaign: address parsing is the costliest part of building a Message.
-            cached = self._campaigns[job.campaign_id] = (content, mime.sender_domain(content.from_addr))
-        content, domain = cached
-        return Message(
+        """The job's Message, rendered for its recipient; campaign content is read once per worker."""
+        content = self._campaigns.get(job.campaign_id)
+        if content is None:
+            content = self._campaigns[job.campaign_id] = CampaignContent(**queue.campaign_content(job.campaign_id))
+        composer = self.runner.composer
+        return composer.message(
+            composer.prepare(content),
+            Recipient(job.email, job.name, job.attributes, job.subscriber_id),
             job_id=job.id,
             broadcast_id=job.broadcast_id,
             attempt=job.attempts + 1,
-            recipient=Recipient(job.email, job.name, job.attributes, job.subscriber_id),
-            campaign=content,
-            message_id=mime.message_id_for(job.broadcast_id, job.id, domain),
         )
-

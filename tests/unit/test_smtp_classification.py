@@ -5,10 +5,10 @@ from __future__ import annotations
 import smtplib
 
 import pytest
-
-from senddock.outcome import Outcome, SendResult
 from senddock_smtp.classify import classify
 from senddock_smtp.transport import result_for
+
+from senddock.outcome import Outcome, SendResult
 
 
 @pytest.mark.parametrize(
@@ -41,6 +41,25 @@ from senddock_smtp.transport import result_for
         ("auth", 504, "5.5.4 unrecognized authentication type", Outcome.PAUSE, "auth_unavailable", False),
         ("rcpt", 550, "Sender address rejected: does not exist", Outcome.FAIL, "rejected", False),
         ("rcpt", 550, "Recipient address does not exist", Outcome.BOUNCE, "bounced", True),
+        # RFC 3463: X.2.2 mailbox full is a persistent transient failure, 452 or 552 alike.
+        ("rcpt", 452, "4.2.2 mailbox full", Outcome.RETRY, "mailbox_full", True),
+        ("rcpt", 552, "5.2.2 mailbox full", Outcome.RETRY, "mailbox_full", True),
+        ("data", 552, "5.2.2 over quota", Outcome.RETRY, "mailbox_full", True),
+        ("rcpt", 452, "4.5.3 too many recipients", Outcome.RETRY, "too_many_recipients", True),
+        ("rcpt", 550, "5.7.26 DMARC policy: unauthenticated email", Outcome.FAIL, "policy_rejected", False),
+        ("data", 550, "5.7.1 message rejected as spam", Outcome.FAIL, "policy_rejected", False),
+        # One recipient per transaction: a 5.1.x at DATA is about that recipient.
+        ("data", 550, "5.1.1 user unknown", Outcome.BOUNCE, "bounced", True),
+        ("data", 421, "4.4.2 timeout exceeded", Outcome.RETRY, "service_unavailable", False),
+        ("rcpt", 421, "4.7.0 closing connection", Outcome.RETRY, "service_unavailable", False),
+        ("auth", 454, "4.7.0 temporary authentication failure", Outcome.RETRY, "auth_deferred", False),
+        ("auth", 534, "5.7.9 authentication mechanism is too weak", Outcome.PAUSE, "auth_failed", False),
+        ("auth", 538, "5.7.11 encryption required for requested authentication mechanism", Outcome.PAUSE,
+         "auth_failed", False),
+        ("ehlo", 550, "not welcome", Outcome.PAUSE, "relay_refused_session", False),
+        ("starttls", 454, "4.7.0 TLS not available due to temporary reason", Outcome.RETRY, "tls_unavailable",
+         False),
+        ("starttls", 502, "5.5.1 command not implemented", Outcome.PAUSE, "tls_failed", False),
     ],
 )
 def test_reply_classification(phase, code, text, outcome, reason, about_recipient):
@@ -68,3 +87,30 @@ def test_enhanced_code_is_split_from_the_text():
     result = result_for("rcpt", 550, "5.1.1 no such user")
     assert (result.code, result.enhanced_code, result.text) == (550, "5.1.1", "no such user")
     assert result_for("rcpt", 550, "no such user").enhanced_code is None
+
+
+@pytest.mark.parametrize(
+    ("phase", "text"),
+    [
+        ("starttls", "the server does not offer STARTTLS (smtp.security: starttls)"),
+        ("starttls", "SSLCertVerificationError: certificate verify failed: self-signed certificate"),
+        ("tls", "SSLError: wrong version number"),
+    ],
+)
+def test_tls_that_cannot_be_set_up_pauses(phase, text):
+    verdict = classify(result_for(phase, None, text))
+    assert (verdict.outcome, verdict.reason) == (Outcome.PAUSE, "tls_failed")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("4.7.1 greylisted, try again in 10 minutes", 600),
+        ("4.2.2 mailbox full, retry after 30 seconds", 30),
+        ("421 4.7.0 too many connections, please wait 2 hours", 7200),
+        ("4.7.1 try again later", None),
+    ],
+)
+def test_a_wait_named_by_the_server_reaches_compute_backoff(text, seconds):
+    verdict = classify(result_for("rcpt", 451, text))
+    assert verdict.retry_after == seconds

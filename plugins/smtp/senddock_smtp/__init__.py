@@ -23,7 +23,25 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
     "properties": {
         "host": {"type": "string", "minLength": 1, "default": "127.0.0.1"},
         "port": {"type": "integer", "minimum": 1, "maximum": 65535, "default": 1025},
-        "timeout": {"type": "string", "duration": True, "default": "30s"},
+        "timeout": {"description": "Bounds the connect and every command.", "type": "string", "duration": True,
+                    "default": "30s"},
+        "security": {
+            "description": "starttls (port 587; refuses to go on in clear text), tls (implicit TLS, port 465) or none.",
+            "enum": ["starttls", "tls", "none"],
+            "default": "starttls",
+        },
+        "verify": {"description": "Verify the relay's certificate and host name.", "type": "boolean", "default": True},
+        "ca_file": {"description": "PEM bundle of the CA(s) to trust instead of the system's (a private relay).",
+                    "type": ["string", "null"], "default": None},
+        "max_messages_per_connection": {
+            "description": "Open a fresh connection after this many messages (relays cap messages per session).",
+            "type": "integer", "minimum": 1, "default": 100,
+        },
+        "return_path": {
+            "description": "Envelope sender (MAIL FROM); {token} becomes the message's VERP token, "
+                           "e.g. bounces+{token}@example.com. Default: the From address.",
+            "type": ["string", "null"], "pattern": "^[^@\\s]+@[^@\\s]+$", "default": None,
+        },
         "helo_name": {
             "description": "Name given in EHLO; default: this host's fully qualified name.",
             "type": ["string", "null"],

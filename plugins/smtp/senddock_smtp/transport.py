@@ -1,10 +1,17 @@
-"""Sending over SMTP with smtplib, phase by phase, so a classifier knows what the server refused."""
+"""Sending over SMTP with smtplib, phase by phase, so a classifier knows what the server refused.
+
+One connection per worker, kept in ``worker_state`` and reused for many messages: re-opened after
+``max_messages_per_connection``, after a 421 and after any connection error; RSET after a failed
+transaction. ``timeout`` bounds the connect and every command (smtplib sets it on the socket).
+"""
 
 from __future__ import annotations
 
 import smtplib
 import socket
+import ssl
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from senddock import mime
@@ -15,11 +22,17 @@ TRANSPORT = "smtp"
 _STATE_KEY = "senddock_smtp.connection"
 
 
-class PhaseError(Exception):
-    """A non-2xx reply, with the phase it came in."""
+@dataclass
+class _Connection:
+    smtp: smtplib.SMTP
+    messages: int = 0
 
-    def __init__(self, phase: str, code: int, text: str) -> None:
-        super().__init__(f"{code} {text}")
+
+class PhaseError(Exception):
+    """A non-2xx reply (or a failed TLS set-up), with the phase it came in."""
+
+    def __init__(self, phase: str, code: int | None, text: str) -> None:
+        super().__init__(f"{code} {text}" if code else text)
         self.phase, self.code, self.text = phase, code, text
 
 
@@ -36,63 +49,127 @@ def _split_enhanced(text: str) -> tuple[str | None, str]:
     return None, text
 
 
-def result_for(phase: str, code: int, text: str, *, may_have_sent: bool = False, ok: bool = False) -> SendResult:
+def result_for(phase: str, code: int | None, text: str, *, may_have_sent: bool = False, ok: bool = False) -> SendResult:
     enhanced, message = _split_enhanced(text.strip())
     return SendResult(TRANSPORT, ok=ok, code=code, enhanced_code=enhanced, text=message, phase=phase,
                       may_have_sent=may_have_sent)
 
 
+def tls_context(settings: Mapping[str, Any]) -> ssl.SSLContext:
+    """Certificates and host names verified unless ``verify: false``; ``ca_file`` for a private CA."""
+    context = ssl.create_default_context(cafile=settings.get("ca_file"))
+    if not settings.get("verify", True):
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
 def _open(settings: Mapping[str, Any]) -> smtplib.SMTP:
     timeout = parse_duration(settings["timeout"])
-    phase = "connect"
+    security = settings.get("security", "starttls")
+    host, port, helo = settings["host"], settings["port"], settings["helo_name"]
     try:
-        conn = smtplib.SMTP(settings["host"], settings["port"], local_hostname=settings["helo_name"], timeout=timeout)
-    except smtplib.SMTPConnectError as exc:
-        raise PhaseError(phase, exc.smtp_code, _text(exc.smtp_error)) from exc
+        if security == "tls":
+            conn = smtplib.SMTP_SSL(host, port, local_hostname=helo, timeout=timeout, context=tls_context(settings))
+        else:
+            conn = smtplib.SMTP(host, port, local_hostname=helo, timeout=timeout)
+    except smtplib.SMTPConnectError as exc:  # a greeting other than 220
+        raise PhaseError("connect", exc.smtp_code, _text(exc.smtp_error)) from exc
+    except ssl.SSLError as exc:  # implicit TLS: the handshake or the certificate failed
+        raise PhaseError("tls", None, f"{type(exc).__name__}: {exc}") from exc
     try:
-        code, reply = conn.ehlo()
-        if not 200 <= code < 300:
-            code, reply = conn.helo()
-            if not 200 <= code < 300:
-                raise PhaseError("ehlo", code, _text(reply))
+        _hello(conn)
+        if security == "starttls":
+            _starttls(conn, settings)
         if settings.get("username"):
-            try:
-                conn.login(settings["username"], settings.get("password") or "")
-            except smtplib.SMTPAuthenticationError as exc:
-                raise PhaseError("auth", exc.smtp_code, _text(exc.smtp_error)) from exc
-            except smtplib.SMTPNotSupportedError as exc:
-                raise PhaseError("auth", 502, f"the server offers no AUTH: {exc}") from exc
+            _login(conn, settings["username"], settings.get("password") or "")
     except BaseException:
         conn.close()
         raise
     return conn
 
 
-def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMapping[str, Any]) -> SendResult:
-    conn: smtplib.SMTP | None = worker_state.get(_STATE_KEY)
-    email = mime.build_email(message, message_id_domain=settings.get("message_id_domain"))
-    envelope = (mime.envelope_sender(message), message.recipient.email, email.as_bytes())
+def _hello(conn: smtplib.SMTP) -> None:
+    code, reply = conn.ehlo()
+    if not 200 <= code < 300:
+        code, reply = conn.helo()
+        if not 200 <= code < 300:
+            raise PhaseError("ehlo", code, _text(reply))
+
+
+def _starttls(conn: smtplib.SMTP, settings: Mapping[str, Any]) -> None:
+    """STARTTLS is required when configured: never fall back to sending in clear text."""
+    if not conn.has_extn("starttls"):
+        raise PhaseError("starttls", None, "the server does not offer STARTTLS (smtp.security: starttls)")
     try:
-        if conn is not None:
+        code, reply = conn.starttls(context=tls_context(settings))
+    except smtplib.SMTPResponseException as exc:
+        raise PhaseError("starttls", exc.smtp_code, _text(exc.smtp_error)) from exc
+    except ssl.SSLError as exc:
+        raise PhaseError("starttls", None, f"{type(exc).__name__}: {exc}") from exc
+    if code != 220:
+        raise PhaseError("starttls", code, _text(reply))
+
+
+def _login(conn: smtplib.SMTP, username: str, password: str) -> None:
+    try:
+        conn.login(username, password)
+    except smtplib.SMTPAuthenticationError as exc:
+        raise PhaseError("auth", exc.smtp_code, _text(exc.smtp_error)) from exc
+    except smtplib.SMTPNotSupportedError as exc:
+        raise PhaseError("auth", 502, f"the server offers no AUTH: {exc}") from exc
+    except smtplib.SMTPException as exc:  # no mechanism in common
+        raise PhaseError("auth", 504, str(exc)) from exc
+
+
+def envelope_sender(message: Message, settings: Mapping[str, Any]) -> str:
+    """The MAIL FROM address: ``return_path`` with the message's VERP token, or the From address."""
+    template = settings.get("return_path")
+    if not template:
+        return mime.envelope_sender(message)
+    return mime.ascii_address(template.replace("{token}", mime.verp_token(message)))
+
+
+def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMapping[str, Any]) -> SendResult:
+    held: _Connection | None = worker_state.get(_STATE_KEY)
+    if held is not None and held.messages >= settings.get("max_messages_per_connection", 100):
+        close(worker_state)  # relays limit messages per session; a fresh one avoids their 421
+        held = None
+    recipient = mime.ascii_address(message.recipient.email)
+    if not recipient.isascii():
+        # A non-ASCII local part needs SMTPUTF8 (RFC 6531) end to end; this transport does not
+        # speak it. Answered as a server without it would (RFC 6531 section 3.7.4.2).
+        return result_for("rcpt", 553, "5.6.7 the recipient's non-ASCII local part needs SMTPUTF8, "
+                                       "which senddock's SMTP transport does not support")
+    data = mime.message_bytes(message, message_id_domain=settings.get("message_id_domain"))
+    envelope = (envelope_sender(message, settings), recipient, data)
+    try:
+        if held is not None:
             try:
-                result = _transaction(conn, *envelope)
-                if not (result.phase == "mail" and result.code == 421):
+                result = _transaction(held, *envelope)
+                if result.code != 421:
                     return result
+                if result.phase != "mail":
+                    close(worker_state, graceful=False)
+                    return result  # 421 mid-transaction: counted, and the next send reconnects
             except (OSError, smtplib.SMTPServerDisconnected) as exc:
                 if getattr(exc, "senddock_phase", None) != "mail":
                     raise
             # The server closed (or is closing, 421) the idle connection we kept: nothing was
             # sent, so open a new one rather than count a failure against this recipient.
             close(worker_state, graceful=False)
-        conn = worker_state[_STATE_KEY] = _open(settings)
-        return _transaction(conn, *envelope)
+        held = worker_state[_STATE_KEY] = _Connection(_open(settings))
+        result = _transaction(held, *envelope)
+        if result.code == 421:
+            close(worker_state, graceful=False)
+        return result
     except PhaseError as exc:
         close(worker_state, graceful=False)
         return result_for(exc.phase, exc.code, exc.text)
     except (OSError, smtplib.SMTPException) as exc:
         # Connection refused or reset, DNS, timeouts, a server that hung up: the connection is gone.
         close(worker_state, graceful=False)
-        phase = getattr(exc, "senddock_phase", "connect" if conn is None else "session")
+        phase = getattr(exc, "senddock_phase", "connect" if held is None else "session")
         may_have_sent = getattr(exc, "senddock_may_have_sent", False)
         return SendResult(TRANSPORT, ok=False, text=f"{type(exc).__name__}: {exc}".rstrip(": "), phase=phase,
                           error=exc, may_have_sent=may_have_sent)
@@ -103,7 +180,9 @@ def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMap
         raise
 
 
-def _transaction(conn: smtplib.SMTP, sender: str, recipient: str, data: bytes) -> SendResult:
+def _transaction(held: _Connection, sender: str, recipient: str, data: bytes) -> SendResult:
+    conn = held.smtp
+    held.messages += 1
     code, reply = _step(conn.mail, "mail", sender)
     if code >= 400:
         _reset(conn)
@@ -146,13 +225,13 @@ def _reset(conn: smtplib.SMTP) -> None:
 
 def close(worker_state: MutableMapping[str, Any], *, graceful: bool = True) -> None:
     """QUIT a healthy connection; just drop a broken one (QUIT would wait a whole timeout)."""
-    conn: smtplib.SMTP | None = worker_state.pop(_STATE_KEY, None)
-    if conn is None:
+    held: _Connection | None = worker_state.pop(_STATE_KEY, None)
+    if held is None:
         return
     if graceful:
         try:
-            conn.quit()
+            held.smtp.quit()
             return
         except (OSError, smtplib.SMTPException, socket.error):
             pass
-    conn.close()
+    held.smtp.close()

@@ -459,5 +459,47 @@ DELETE FROM pending_bounces WHERE job_id = %(job_id)s;
 UPDATE pending_bounces SET created_at = now() WHERE job_id = %(job_id)s;
 
 -- name: campaign_content
-SELECT id AS campaign_id, name, subject, from_addr, reply_to, text_body, html_body
-FROM campaigns WHERE id = %(campaign_id)s;
+SELECT c.id AS campaign_id, c.name, c.subject, c.from_addr, c.reply_to, c.text_body, c.html_body,
+       l.id AS list_id, l.name AS list_name
+FROM campaigns c
+LEFT JOIN LATERAL (
+    SELECT l.id, l.name FROM campaign_lists cl JOIN lists l ON l.id = cl.list_id
+    WHERE cl.campaign_id = c.id ORDER BY l.id LIMIT 1
+) l ON true
+WHERE c.id = %(campaign_id)s;
+
+-- name: campaign_sample_recipients
+-- Recipients a send would reach, for checking that the templates render before enqueueing: the
+-- oldest and the newest subscribers (two short index walks, whatever the list's size).
+(SELECT s.id AS subscriber_id, s.email, s.name, s.attributes
+   FROM subscribers s
+  WHERE s.status = 'active'
+    AND EXISTS (SELECT 1 FROM list_members m WHERE m.subscriber_id = s.id AND m.list_id = ANY(%(list_ids)s))
+  ORDER BY s.id LIMIT %(each)s)
+UNION
+(SELECT s.id, s.email, s.name, s.attributes
+   FROM subscribers s
+  WHERE s.status = 'active'
+    AND EXISTS (SELECT 1 FROM list_members m WHERE m.subscriber_id = s.id AND m.list_id = ANY(%(list_ids)s))
+  ORDER BY s.id DESC LIMIT %(each)s)
+ORDER BY subscriber_id;
+
+-- name: subscriber_by_email
+SELECT id AS subscriber_id, email, name, attributes FROM subscribers WHERE lower(email) = lower(%(email)s);
+
+-- name: subscriber_unsubscribe
+-- One transaction: the subscriber is 'unsubscribed' and the address suppressed, so neither a
+-- later campaign's enqueue nor a running broadcast's claim reaches it. Idempotent: a second
+-- click (mail providers repeat them) changes nothing and still answers "unsubscribed".
+WITH target AS (
+    UPDATE subscribers SET status = 'unsubscribed', updated_at = now()
+     WHERE id = %(subscriber_id)s AND status <> 'blocklisted'
+    RETURNING id, email
+), suppressed AS (
+    INSERT INTO suppressions (email, reason, diagnostic)
+    SELECT email, 'unsubscribed', 'campaign ' || %(campaign_id)s::text FROM target
+    ON CONFLICT ((lower(email))) DO NOTHING
+    RETURNING id
+)
+SELECT s.email, EXISTS (SELECT FROM target) AS found
+  FROM subscribers s WHERE s.id = %(subscriber_id)s;

@@ -1,0 +1,135 @@
+"""From a queued job to the Message handed to ``send_message``: templates rendered for the
+recipient, list and unsubscribe headers, the DKIM signer.
+
+Shared by the workers, ``campaign preview``, ``campaign send``'s sample check and ``send-test``, so
+all four produce the same message for the same subscriber.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from senddock import mime, unsubscribe
+from senddock.config import Config
+from senddock.outcome import CampaignContent, Message, MessageSigner, Recipient
+from senddock.signing import signer_from_config
+from senddock.templates import CampaignTemplates, context_for
+
+ONE_CLICK = "List-Unsubscribe=One-Click"  # RFC 8058's List-Unsubscribe-Post value
+
+
+@dataclass(frozen=True)
+class UnsubscribeSettings:
+    url: str | None
+    mailto: str | None
+    secret: str | None
+
+    @classmethod
+    def from_config(cls, config: Config) -> UnsubscribeSettings:
+        section = config.section("unsubscribe")
+        return cls(url=section.get("url"), mailto=section.get("mailto"), secret=section.get("secret"))
+
+
+@dataclass(frozen=True)
+class PreparedCampaign:
+    """What is computed once per campaign: compiled templates and the sender's domain."""
+
+    content: CampaignContent
+    templates: CampaignTemplates
+    domain: str
+
+
+class Composer:
+    def __init__(self, config: Config, *, signer: MessageSigner | None = None) -> None:
+        self.unsubscribe = UnsubscribeSettings.from_config(config)
+        base = config.path.parent if config.path else Path.cwd()
+        self.signer = signer or signer_from_config(config.section("dkim") or None, base)
+        self._prepared: dict[int, PreparedCampaign] = {}
+        self._lock = threading.Lock()
+
+    def prepare(self, content: CampaignContent) -> PreparedCampaign:
+        """Compile a campaign's templates (raises TemplateError); cached per campaign."""
+        prepared = self._prepared.get(content.campaign_id)
+        if prepared is None or prepared.content != content:
+            prepared = PreparedCampaign(
+                content=content,
+                templates=CampaignTemplates.compile(content.subject, content.text_body, content.html_body),
+                # Parsed once per campaign: address parsing costs more than the rest of a Message.
+                domain=mime.sender_domain(content.from_addr),
+            )
+            with self._lock:
+                self._prepared[content.campaign_id] = prepared
+        return prepared
+
+    def message(
+        self,
+        prepared: PreparedCampaign,
+        recipient: Recipient,
+        *,
+        job_id: int,
+        broadcast_id: int,
+        attempt: int,
+        message_id: str | None = None,
+    ) -> Message:
+        """The job's Message; raises TemplateError when the recipient's data does not render."""
+        campaign = prepared.content
+        links = self._unsubscribe_links(recipient, campaign.campaign_id)
+        context = context_for(
+            email=recipient.email,
+            name=recipient.name,
+            attributes=recipient.attributes,
+            campaign_id=campaign.campaign_id,
+            campaign_name=campaign.name,
+            from_addr=campaign.from_addr,
+            unsubscribe_url=links.get("url") or links.get("mailto"),
+        )
+        if context["unsubscribe_url"] is None:
+            del context["unsubscribe_url"]  # StrictUndefined: a template using it fails with a clear error
+        content = prepared.templates.render(context)
+        return Message(
+            job_id=job_id,
+            broadcast_id=broadcast_id,
+            attempt=attempt,
+            recipient=recipient,
+            campaign=campaign,
+            message_id=message_id or mime.message_id_for(broadcast_id, job_id, prepared.domain),
+            content=content,
+            headers=self._headers(prepared, links, broadcast_id, job_id),
+            signer=self.signer,
+        )
+
+    def _unsubscribe_links(self, recipient: Recipient, campaign_id: int) -> dict[str, str]:
+        settings, links = self.unsubscribe, {}
+        if recipient.subscriber_id is None or not settings.secret:
+            return links
+        token = unsubscribe.make_token(settings.secret, recipient.subscriber_id, campaign_id)
+        if settings.url:
+            links["url"] = unsubscribe.unsubscribe_url(settings.url, token)
+        if settings.mailto:
+            links["mailto"] = f"mailto:{settings.mailto}?subject={quote('unsubscribe ' + token)}"
+        return links
+
+    @staticmethod
+    def _headers(prepared: PreparedCampaign, links: Mapping[str, str], broadcast_id: int, job_id: int) -> dict[str, Any]:
+        campaign = prepared.content
+        headers = {
+            # RFC 2919: one id per list, stable across campaigns, so receivers can group and filter.
+            "List-Id": mime.list_id(campaign.list_name, campaign.list_id, prepared.domain),
+            # Gmail's feedback loop groups complaints by these fields.
+            "Feedback-ID": f"{campaign.campaign_id}:{broadcast_id}:senddock:{prepared.domain}",
+            # Lets bounces and complaints that quote the message be matched back to the job.
+            "X-Senddock-Job": f"{broadcast_id}.{job_id}",
+        }
+        targets = [links[k] for k in ("url", "mailto") if k in links]
+        if targets:
+            headers["List-Unsubscribe"] = ", ".join(f"<{t}>" for t in targets)
+            if "url" in links and links["url"].startswith("https://"):
+                # RFC 8058: one-click only for an HTTPS URI (and the header must be DKIM-signed).
+                headers["List-Unsubscribe-Post"] = ONE_CLICK
+        return headers
+

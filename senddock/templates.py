@@ -1,0 +1,123 @@
+"""Campaign templates: subject, text and HTML bodies rendered per recipient in Jinja2's sandbox.
+
+The sandbox keeps a template from reaching Python internals (campaign content is operator input,
+often pasted from elsewhere). ``StrictUndefined`` makes a missing variable an error instead of an
+empty string: a greeting "Hello ," sent to a whole list is worse than a failed job. HTML bodies
+autoescape, so a subscriber's name cannot inject markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from senddock.outcome import RenderedContent
+
+
+class TemplateError(Exception):
+    """A template that cannot be compiled or rendered; the message names the field and line."""
+
+    def __init__(self, field: str, message: str, line: int | None = None) -> None:
+        where = f"{field}, line {line}" if line else field
+        super().__init__(f"{where}: {message}")
+        self.field, self.line, self.detail = field, line, message
+
+
+@cache
+def _environment(autoescape: bool) -> jinja2.Environment:
+    return ImmutableSandboxedEnvironment(
+        undefined=jinja2.StrictUndefined, autoescape=autoescape, keep_trailing_newline=True
+    )
+
+
+@dataclass(frozen=True)
+class CampaignTemplates:
+    """The compiled templates of one campaign; compile once, render per recipient."""
+
+    subject: jinja2.Template
+    text_body: jinja2.Template | None
+    html_body: jinja2.Template | None
+
+    @classmethod
+    def compile(cls, subject: str, text_body: str | None, html_body: str | None) -> CampaignTemplates:
+        """Raise :class:`TemplateError` naming the field and line of the first syntax error."""
+        return cls(
+            subject=_compile("subject", subject, autoescape=False),
+            text_body=_compile("text", text_body, autoescape=False) if text_body is not None else None,
+            html_body=_compile("html", html_body, autoescape=True) if html_body is not None else None,
+        )
+
+    def render(self, context: Mapping[str, Any]) -> RenderedContent:
+        """Raise :class:`TemplateError` when the recipient's data does not fit the template."""
+        subject = _render("subject", self.subject, context)
+        # A header is one line: a newline from a subscriber's data would end it.
+        subject = " ".join(subject.split())
+        html = _render("html", self.html_body, context) if self.html_body else None
+        text = _render("text", self.text_body, context) if self.text_body else None
+        if text is None and html is not None:
+            text = html_to_text(html)
+        return RenderedContent(subject=subject, text_body=text, html_body=html)
+
+
+def context_for(
+    *,
+    email: str,
+    name: str,
+    attributes: Mapping[str, Any],
+    campaign_id: int,
+    campaign_name: str,
+    from_addr: str,
+    unsubscribe_url: str,
+) -> dict[str, Any]:
+    """What a template sees: ``subscriber``, ``campaign`` and ``unsubscribe_url``."""
+    return {
+        "subscriber": {"email": email, "name": name, "attributes": dict(attributes)},
+        "campaign": {"id": campaign_id, "name": campaign_name, "from": from_addr},
+        "unsubscribe_url": unsubscribe_url,
+    }
+
+
+def html_to_text(html: str) -> str:
+    """The plain-text alternative of an HTML-only campaign (layout-aware: lists, tables, links)."""
+    from inscriptis import get_text  # imported on first use: lxml is slow to import
+    from inscriptis.css_profiles import CSS_PROFILES
+    from inscriptis.model.config import ParserConfig
+
+    config = ParserConfig(css=CSS_PROFILES["strict"], display_links=True)
+    return get_text(html, config).strip() + "\n"
+
+
+def _compile(field: str, source: str, *, autoescape: bool) -> jinja2.Template:
+    try:
+        return _environment(autoescape).from_string(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(field, exc.message or "syntax error", exc.lineno) from None
+
+
+def _render(field: str, template: jinja2.Template, context: Mapping[str, Any]) -> str:
+    try:
+        return template.render(context)
+    except jinja2.UndefinedError as exc:
+        message = exc.message or "undefined variable"
+        if message == "'unsubscribe_url' is undefined":
+            message += " (set unsubscribe.url or unsubscribe.mailto, with unsubscribe.secret, in the config)"
+        raise TemplateError(field, message, _line(exc)) from None
+    except jinja2.TemplateError as exc:  # sandbox refusals and the rest
+        raise TemplateError(field, str(exc), _line(exc)) from None
+    except Exception as exc:  # a filter on the wrong type, a division by zero in the data...
+        raise TemplateError(field, f"{type(exc).__name__}: {exc}", _line(exc)) from None
+
+
+def _line(exc: BaseException) -> int | None:
+    """The template line a render error came from, read off the traceback Jinja2 rewrites."""
+    tb, line = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line

@@ -1,0 +1,229 @@
+"""Real mail end to end: personalised HTML through a STARTTLS + AUTH relay (aiosmtpd, a certificate
+made by trustme), every header checked on the received bytes, a verifying DKIM signature, VERP,
+and the one-click unsubscribe of a received message against a running `senddock serve`."""
+
+from __future__ import annotations
+
+import os
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from email import message_from_bytes
+from email.policy import default as default_policy
+
+import dkim
+import pytest
+import trustme
+from tests_support import (
+    dkim_key,
+    dns_for,
+    jobs_by_email,
+    senddock_executable,
+    suppressed,
+    wait_for,
+)
+
+from senddock import mime
+from senddock.api import Senddock
+from senddock.sink import Sink, _free_port
+from senddock.testing import drain, fast_settings
+from senddock.unsubscribe import read_token
+
+SECRET = "a-long-unsubscribe-secret-for-tests"
+HTML = """<html><body>
+<p>Hallo {{ subscriber.name }} aus {{ subscriber.attributes.city }},</p>
+<p>unsere <b>Herbst</b>-Auswahl ist da.</p>
+<p><a href="{{ unsubscribe_url }}">Abmelden</a></p>
+</body></html>"""
+PEOPLE = [("zoe@example.com", "Zoë Çelik", "Zürich"), ("juergen@bücher.example", "Jürgen Müller", "Köln"),
+          ("ada@example.org", "Ada", "London")]
+
+
+@pytest.fixture(scope="module")
+def ca():
+    return trustme.CA()
+
+
+@pytest.fixture
+def tls_files(ca, tmp_path):
+    """The CA bundle a client trusts, and the server certificate for 127.0.0.1 (relay and serve)."""
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca_file, cert_file, key_file = tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    for blob in cert.cert_chain_pems:
+        blob.write_to_path(str(cert_file), append=True)
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_context)
+    return {"ca": ca_file, "cert": cert_file, "key": key_file, "server_context": server_context}
+
+
+def settings_for(relay_port: int, tmp_path, *, security: str, serve_port: int = 8025, **smtp) -> dict:
+    key_file, record = dkim_key(tmp_path)
+    (tmp_path / "dkim.txt").write_text(record)
+    settings = fast_settings(relay_port)
+    settings["smtp"].update(security=security, **smtp)
+    settings["dkim"] = {"domain": "example.com", "selector": "s1", "private_key_file": str(key_file)}
+    settings["unsubscribe"] = {"url": f"https://127.0.0.1:{serve_port}", "secret": "${UNSUB_SECRET}"}
+    return settings
+
+
+def personalised_campaign(app: Senddock) -> int:
+    app.create_list("news")
+    for email, name, city in PEOPLE:
+        app.add_subscriber(email, name=name, attributes={"city": city}, lists=["news"])
+    campaign_id = app.create_campaign(name="Herbst", lists=["news"], subject="Grüße, {{ subscriber.name }}",
+                                      from_addr="Bücherei Zoë <news@example.com>", html_body=HTML)
+    app.send_campaign(campaign_id)
+    return campaign_id
+
+
+def test_personalised_html_through_starttls_and_auth_signed_with_verp_and_one_click(
+        make_config, tmp_path, tls_files, monkeypatch):
+    monkeypatch.setenv("UNSUB_SECRET", SECRET)
+    monkeypatch.setenv("SMTP_PASSWORD", "relay-password")
+    serve_port = _free_port("127.0.0.1")
+    with Sink("127.0.0.1", 0, security="starttls", tls_context=tls_files["server_context"],
+              credentials=("mailer", "relay-password")) as relay:
+        settings = settings_for(relay.port, tmp_path, security="starttls", serve_port=serve_port,
+                                ca_file=str(tls_files["ca"]), username="mailer", password="${SMTP_PASSWORD}",
+                                return_path="bounces+{token}@example.com")
+        settings["serve"] = {"port": serve_port, "tls_cert_file": str(tls_files["cert"]),
+                             "tls_key_file": str(tls_files["key"])}
+        app = Senddock(make_config(settings))
+        campaign_id = personalised_campaign(app)
+        drain(app.config)
+        received = relay.received
+    assert app.campaign_status(campaign_id).sent == 3
+    assert len(received) == 3
+    record = (tmp_path / "dkim.txt").read_text()
+    job_ids = {email: job for email, job in _job_ids(app, campaign_id).items()}
+    links = {}
+    for message in received:
+        parsed = message_from_bytes(message.data, policy=default_policy)
+        email, name, city = next(p for p in PEOPLE if mime.ascii_address(p[0]) == message.recipients[0])
+        assert parsed["Subject"] == f"Grüße, {name}"
+        assert parsed["From"].addresses[0].display_name == "Bücherei Zoë"
+        assert parsed["To"].addresses[0].display_name == name
+        broadcast_id, job_id = job_ids[email]
+        assert parsed["Message-ID"] == f"<senddock.{broadcast_id}.{job_id}@example.com>"
+        assert message.sender == f"bounces+b{broadcast_id}.j{job_id}@example.com"  # VERP
+        assert parsed["List-Id"] == '"news" <list-1.example.com>'
+        assert parsed["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+        assert dkim.verify(message.data, dnsfunc=dns_for(record)), f"DKIM does not verify for {email}"
+        text, html = (part.get_content() for part in parsed.iter_parts())
+        assert f"Hallo {name} aus {city}" in html and f"Hallo {name} aus {city}" in text
+        url = parsed["List-Unsubscribe"].strip(" <>")
+        assert f'href="{url}"' in html
+        links[email] = url
+
+    env = {**os.environ, "UNSUB_SECRET": SECRET}
+    server = subprocess.Popen([senddock_executable(), "serve", "-c", str(app.config.path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        client = ssl.create_default_context(cafile=str(tls_files["ca"]))
+        wait_for(lambda: _get(f"https://127.0.0.1:{serve_port}/healthz", client)[0] == 200, 20, "senddock serve")
+        target = "juergen@bücher.example"
+        token = links[target].rsplit("/", 1)[1]
+        tampered = links[target][:-2] + ("AA" if not token.endswith("AA") else "BB")
+        assert _post(tampered, client)[0] == 400
+        assert _post(f"https://127.0.0.1:{serve_port}/unsubscribe/garbage", client)[0] == 400
+        assert _subscriber_status(app) == {p[0]: "active" for p in PEOPLE}
+        status, page = _get(links[target], client)
+        assert status == 200 and 'name="List-Unsubscribe" value="One-Click"' in page
+        assert _subscriber_status(app)[target] == "active"  # a GET (a link scanner) changes nothing
+
+        status, page = _post(links[target], client)
+        assert status == 200 and "juergen@bücher.example" in page
+        assert _post(links[target], client)[0] == 200  # providers repeat clicks: still fine
+    finally:
+        server.terminate()
+        assert server.wait(20) == 0, server.stderr.read().decode()
+    assert _subscriber_status(app) == {**{p[0]: "active" for p in PEOPLE}, target: "unsubscribed"}
+    assert suppressed(app) == {target: "unsubscribed"}
+    assert read_token(SECRET, token).campaign_id == campaign_id
+    app.close()
+
+
+def test_implicit_tls_relay(make_config, tmp_path, tls_files, monkeypatch):
+    monkeypatch.setenv("UNSUB_SECRET", SECRET)
+    with Sink("127.0.0.1", 0, security="tls", tls_context=tls_files["server_context"]) as relay:
+        app = Senddock(make_config(settings_for(relay.port, tmp_path, security="tls", ca_file=str(tls_files["ca"]))))
+        campaign_id = personalised_campaign(app)
+        drain(app.config)
+        assert app.campaign_status(campaign_id).sent == 3
+        assert len(relay.received) == 3
+    app.close()
+
+
+@pytest.mark.parametrize("problem", ["certificate not trusted", "no STARTTLS offered"])
+def test_tls_that_cannot_be_set_up_pauses_and_suppresses_nobody(make_config, tmp_path, tls_files, monkeypatch, problem):
+    monkeypatch.setenv("UNSUB_SECRET", SECRET)
+    if problem == "certificate not trusted":  # the system's CAs do not know trustme's
+        relay = Sink("127.0.0.1", 0, security="starttls", tls_context=tls_files["server_context"])
+    else:
+        relay = Sink("127.0.0.1", 0)
+    with relay:
+        app = Senddock(make_config(settings_for(relay.port, tmp_path, security="starttls")))
+        campaign_id = personalised_campaign(app)
+        drain(app.config)
+        assert relay.received == []
+    status = app.campaign_status(campaign_id)
+    assert (status.status, status.paused_reason, status.pending) == ("paused", "tls_failed", 3)
+    assert suppressed(app) == {}
+    app.close()
+
+
+def test_a_recipient_whose_data_does_not_render_fails_alone(make_config, smtp_sink):
+    app = Senddock(make_config(fast_settings(smtp_sink.port)))
+    app.create_list("news")
+    # The sample checked before enqueueing is the 20 oldest and 20 newest: #25 is not in it.
+    for i in range(50):
+        attributes = {} if i == 25 else {"city": f"City {i}"}
+        app.add_subscriber(f"user{i}@example.com", attributes=attributes, lists=["news"])
+    campaign_id = app.create_campaign(name="c", lists=["news"], subject="Hi", from_addr="news@example.com",
+                                      text_body="Greetings to\n{{ subscriber.attributes.city }}\n")
+    app.send_campaign(campaign_id)
+    drain(app.config)
+    jobs = jobs_by_email(app, campaign_id)
+    assert jobs.pop("user25@example.com") == ("failed", "template_error", 1)
+    assert set(jobs.values()) == {("sent", None, 1)}
+    with app.db.connection() as conn:
+        last = conn.execute("SELECT last_result FROM broadcast_jobs WHERE email = 'user25@example.com'").fetchone()[0]
+    assert last == "text, line 2: 'dict object' has no attribute 'city'"
+    assert len(smtp_sink.received) == 49
+    app.close()
+
+
+def _job_ids(app, campaign_id):
+    with app.db.connection() as conn:
+        rows = conn.execute("SELECT j.email, j.broadcast_id, j.id FROM broadcast_jobs j JOIN campaigns c "
+                            "ON c.broadcast_id = j.broadcast_id WHERE c.id = %s", (campaign_id,)).fetchall()
+    return {email: (broadcast, job) for email, broadcast, job in rows}
+
+
+def _subscriber_status(app):
+    with app.db.connection() as conn:
+        return dict(conn.execute("SELECT email, status FROM subscribers").fetchall())
+
+
+def _request(url, context, data=None):
+    request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    if data is not None:
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return None, ""
+
+
+def _get(url, context):
+    return _request(url, context)
+
+
+def _post(url, context):
+    return _request(url, context, b"List-Unsubscribe=One-Click")

@@ -1,0 +1,130 @@
+"""The message every transport sends: headers, encodings, list headers, DKIM, VERP."""
+
+from __future__ import annotations
+
+from email import message_from_bytes
+from email.policy import default as default_policy
+
+import dkim
+import pytest
+import yaml
+from senddock_smtp.classify import classify
+from senddock_smtp.transport import envelope_sender, send
+from tests_support import dkim_key, dns_for
+
+from senddock import mime
+from senddock.compose import Composer
+from senddock.config import load_config
+from senddock.outcome import CampaignContent, Recipient
+from senddock.templates import TemplateError
+from senddock.unsubscribe import read_token
+
+SECRET = "unsubscribe-secret-for-tests"
+
+
+@pytest.fixture
+def composer(tmp_path):
+    key_file, record = dkim_key(tmp_path)
+    path = tmp_path / "senddock.yaml"
+    path.write_text(yaml.safe_dump({
+        "unsubscribe": {"url": "https://lists.example.com", "mailto": "unsubscribe@example.com",
+                        "secret": "${UNSUB_SECRET}"},
+        "dkim": {"domain": "example.com", "selector": "s1", "private_key_file": "dkim.pem"},
+    }))
+    config = load_config(path, environ={"UNSUB_SECRET": SECRET, "SENDDOCK_DATABASE_URL": "postgresql://x@localhost/x"})
+    composer = Composer(config)
+    composer.dns_record = record
+    return composer
+
+
+CAMPAIGN = CampaignContent(
+    campaign_id=7, name="Herbst", subject="Grüße, {{ subscriber.name }}!", from_addr="Zoë News <news@example.com>",
+    text_body=None, html_body="<p>Hallo {{ subscriber.name }}, <a href=\"{{ unsubscribe_url }}\">abmelden</a></p>",
+    list_id=3, list_name="Newsletter",
+)
+
+
+def build(composer, recipient=None, campaign=CAMPAIGN):
+    recipient = recipient or Recipient("juergen@bücher.example", "Jürgen Müller", {}, subscriber_id=42)
+    message = composer.message(composer.prepare(campaign), recipient, job_id=1001, broadcast_id=12, attempt=1)
+    data = mime.message_bytes(message)
+    return message, data, message_from_bytes(data, policy=default_policy)
+
+
+def test_headers_and_parts_parse_back(composer):
+    message, data, parsed = build(composer)
+    assert data.isascii()  # RFC 2047 / IDNA: nothing needs SMTPUTF8
+    assert parsed["Subject"] == "Grüße, Jürgen Müller!"
+    assert parsed["From"].addresses[0].display_name == "Zoë News"
+    assert parsed["To"].addresses[0].display_name == "Jürgen Müller"
+    assert parsed["To"].addresses[0].addr_spec == "juergen@xn--bcher-kva.example"
+    assert parsed["Message-ID"] == "<senddock.12.1001@example.com>"
+    assert parsed["Date"].datetime is not None
+    assert parsed["List-Id"] == '"Newsletter" <list-3.example.com>'
+    assert parsed["X-Senddock-Job"] == "12.1001"
+    assert parsed.get_content_type() == "multipart/alternative"
+    text, html = (part.get_content() for part in parsed.iter_parts())
+    assert "Hallo Jürgen Müller" in html and "Hallo Jürgen Müller" in text
+
+
+def test_the_message_id_is_the_same_on_every_attempt(composer):
+    first = build(composer)[2]["Message-ID"]
+    assert build(composer)[2]["Message-ID"] == first
+
+
+def test_one_click_unsubscribe_headers_carry_a_signed_token(composer):
+    _, _, parsed = build(composer)
+    url, mailto = (part.strip(" <>") for part in parsed["List-Unsubscribe"].split(","))
+    assert parsed["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert url.startswith("https://lists.example.com/unsubscribe/")
+    token = read_token(SECRET, url.rsplit("/", 1)[1])
+    assert (token.subscriber_id, token.campaign_id) == (42, 7)
+    assert mailto.startswith("mailto:unsubscribe@example.com?subject=unsubscribe%20")
+    html = next(p for p in parsed.walk() if p.get_content_type() == "text/html").get_content()
+    assert url in html  # {{ unsubscribe_url }} is the same link
+
+
+def test_the_dkim_signature_verifies_and_covers_the_one_click_headers(composer):
+    _, data, parsed = build(composer)
+    assert dkim.verify(data, dnsfunc=dns_for(composer.dns_record))
+    tags = dict(t.strip().split("=", 1) for t in parsed["DKIM-Signature"].replace("\r\n", "").split(";") if "=" in t)
+    signed = {h.strip().lower() for h in tags["h"].split(":")}
+    assert {"from", "to", "subject", "date", "message-id", "list-unsubscribe", "list-unsubscribe-post"} <= signed
+    assert (tags["d"], tags["s"]) == ("example.com", "s1")
+
+
+def test_a_changed_signed_header_breaks_the_signature(composer):
+    _, data, _ = build(composer)
+    forged = data.replace(b"List-Unsubscribe-Post: List-Unsubscribe=One-Click",
+                          b"List-Unsubscribe-Post: List-Unsubscribe=Two-Clicks")
+    assert forged != data
+    assert not dkim.verify(forged, dnsfunc=dns_for(composer.dns_record))
+
+
+def bare_composer() -> Composer:
+    return Composer(load_config(None, environ={"SENDDOCK_DATABASE_URL": "postgresql://x@localhost/x"}))
+
+
+def test_without_unsubscribe_settings_a_template_using_the_link_says_what_to_configure():
+    with pytest.raises(TemplateError, match=r"'unsubscribe_url' is undefined \(set unsubscribe.url"):
+        build(bare_composer())
+
+
+def test_verp_return_path_names_the_job():
+    plain = CampaignContent(campaign_id=7, name="n", subject="s", from_addr="news@example.com", text_body="hi")
+    message, _, parsed = build(bare_composer(), campaign=plain)
+    assert "List-Unsubscribe" not in parsed and "DKIM-Signature" not in parsed
+    sender = envelope_sender(message, {"return_path": "bounces+{token}@example.com"})
+    assert sender == "bounces+b12.j1001@example.com"
+    assert mime.read_verp_token(sender) == (12, 1001)
+    assert envelope_sender(message, {}) == "news@example.com"
+
+
+def test_a_non_ascii_local_part_fails_alone_without_suppression():
+    """SMTPUTF8 (RFC 6531) is not spoken: the job fails as a server without it would answer."""
+    plain = CampaignContent(campaign_id=7, name="n", subject="s", from_addr="news@example.com", text_body="hi")
+    message, _, _ = build(bare_composer(), Recipient("jürgen@example.com", "", {}, 1), campaign=plain)
+    result = send(message, {"host": "127.0.0.1", "port": 9, "timeout": "1s", "helo_name": None}, {})
+    assert (result.phase, result.code, result.enhanced_code) == ("rcpt", 553, "5.6.7")
+    verdict = classify(result)
+    assert (verdict.outcome.value, verdict.reason) == ("fail", "rejected")
