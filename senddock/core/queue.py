@@ -141,6 +141,12 @@ class Queue:
         ).fetchall()
         return len(rows)
 
+    def release_claim(self, token: uuid.UUID) -> int:
+        """Put back what is left of a batch none of whose sends began (its claim may not even
+        have committed: the connection broke first)."""
+        rows = self.conn.execute(query("jobs_release_claim"), {"node_id": self.node.id, "claim_token": token}).fetchall()
+        return len(rows)
+
     def recover(
         self,
         *,

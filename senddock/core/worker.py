@@ -44,6 +44,11 @@ class Worker(threading.Thread):
         self.busy = False
         self._state: dict[str, Any] = {}
         self._campaigns: dict[int, CampaignContent] = {}
+        # True from the moment a send begins until its result is committed.
+        self._sending = False
+        # Batches lost with a connection before any send began, still held (so orphan recovery
+        # leaves them alone) until they are put back on the next connection.
+        self._unstarted: set[uuid.UUID] = set()
 
     def run(self) -> None:
         runner = self.runner
@@ -53,7 +58,9 @@ class Worker(threading.Thread):
                 try:
                     with runner.db.connection() as conn:
                         backoff = 0.1
-                        self._loop(runner.queue(conn))
+                        queue = runner.queue(conn)
+                        self._put_back_unstarted(queue)
+                        self._loop(queue)
                 except psycopg.OperationalError as exc:
                     log.warning("worker_db_lost", worker=self.index, error=error_line(exc), retry_in=backoff)
                 except Exception:
@@ -65,10 +72,31 @@ class Worker(threading.Thread):
                 backoff = min(backoff * 2, 5.0)
         finally:
             self.busy = False
+            self._give_up_unstarted()
             try:
                 runner.pm.hook.worker_stopped(worker_state=self._state, config=runner.config)
             except Exception as exc:
                 log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
+
+    def _put_back_unstarted(self, queue: Queue) -> None:
+        for token in list(self._unstarted):
+            released = queue.release_claim(token)
+            self._unstarted.discard(token)
+            self.runner.held_tokens.discard(token)
+            if released:
+                log.info("batch_put_back", worker=self.index, jobs=released)
+
+    def _give_up_unstarted(self) -> None:
+        """On the way out: one more try on a fresh connection, else leave them to recovery."""
+        if not self._unstarted:
+            return
+        try:
+            with self.runner.db.connection() as conn:
+                self._put_back_unstarted(self.runner.queue(conn))
+        except psycopg.Error:
+            for token in self._unstarted:
+                self.runner.held_tokens.discard(token)
+            self._unstarted.clear()
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -83,6 +111,8 @@ class Worker(threading.Thread):
             # a batch a worker is about to send.
             token = uuid.uuid4()
             runner.held_tokens.add(token)
+            self._sending = False
+            keep_held = False
             try:
                 batch = queue.claim(runner.config.claim_batch, token)
                 for job in batch:
@@ -94,8 +124,17 @@ class Worker(threading.Thread):
                 if len(batch) < runner.config.claim_batch:
                     # The queue is running dry: the last results may have finished a campaign.
                     runner.finish_campaigns(queue, {j.broadcast_id for j in batch})
+            except psycopg.OperationalError:
+                # The connection broke with no send in flight (in the claim, or between sends):
+                # nothing of this batch that is still 'sending' has begun. Put it back on the
+                # next connection instead of leaving it to be recovered as in doubt.
+                keep_held = not self._sending
+                if keep_held:
+                    self._unstarted.add(token)
+                raise
             finally:
-                runner.held_tokens.discard(token)
+                if not keep_held:
+                    runner.held_tokens.discard(token)
                 self.busy = False
             if not batch:
                 runner.wait_for_work()
@@ -127,6 +166,7 @@ class Worker(threading.Thread):
             # This recipient's data does not fit the template: fail the job, the broadcast goes on.
             result, verdict = results.template_failure(exc)
         else:
+            self._sending = True
             result = results.send(runner.pm, runner.config, message, self._state)
             verdict = results.classify(runner.pm, runner.config, result, message)
         age = (started_at - (job.first_attempt_at or started_at)).total_seconds()
@@ -134,6 +174,7 @@ class Worker(threading.Thread):
             runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts
         )
         recorded = self._record(queue, job, started_at, outcome, next_job, pending)
+        self._sending = False
         self._after(queue, job, verdict, outcome, recorded)
         return recorded, outcome
 

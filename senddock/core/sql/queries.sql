@@ -503,3 +503,12 @@ WITH target AS (
 )
 SELECT s.email, EXISTS (SELECT FROM target) AS found
   FROM subscribers s WHERE s.id = %(subscriber_id)s;
+
+-- name: jobs_release_claim
+-- A batch whose claim (or whose connection) was lost before any of its sends began: whatever of
+-- it is still this node's goes back as it was, not in doubt. Walks the small 'sending' index.
+UPDATE broadcast_jobs
+   SET status = CASE WHEN attempts = 0 THEN 'pending' ELSE 'retry' END,
+       claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+ WHERE claimed_by = %(node_id)s AND status = 'sending' AND claim_token = %(claim_token)s
+RETURNING id;
