@@ -128,3 +128,25 @@ def test_a_non_ascii_local_part_fails_alone_without_suppression():
     assert (result.phase, result.code, result.enhanced_code) == ("rcpt", 553, "5.6.7")
     verdict = classify(result)
     assert (verdict.outcome.value, verdict.reason) == ("fail", "rejected")
+
+
+@pytest.mark.parametrize(("key", "error"), [
+    (None, "cannot read the DKIM private key"),
+    (b"-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n", "not a PEM private key"),
+])
+def test_a_bad_dkim_key_stops_the_start_with_the_key_path(tmp_path, key, error):
+    from senddock.errors import ConfigError
+    from senddock.signing import signer_from_config
+
+    if key is not None:
+        (tmp_path / "dkim.pem").write_bytes(key)
+    section = {"domain": "example.com", "selector": "s1", "private_key_file": "dkim.pem"}
+    with pytest.raises(ConfigError, match=rf"^\$\.dkim\.private_key_file \({tmp_path}/dkim.pem\): {error}"):
+        signer_from_config(section, tmp_path)
+
+
+def test_an_empty_body_and_trailing_blank_lines_sign_the_same_way_dkimpy_verifies(composer):
+    """RFC 6376 3.4.3 corner cases of the simple body canonicalisation, checked by dkimpy."""
+    for body in (b"", b"text\r\n\r\n\r\n", b"no final newline"):
+        message = b"From: news@example.com\r\nTo: a@example.com\r\nSubject: x\r\n\r\n" + body
+        assert dkim.verify(composer.signer.sign(message), dnsfunc=dns_for(composer.dns_record)), body
