@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import uuid
@@ -46,7 +47,7 @@ def scratch_database(admin_dsn: str | None) -> Iterator[str]:
 def bench_config(dsn: str, folder: Path, settings: dict[str, Any]) -> Config:
     path = folder / "senddock.yaml"
     path.write_text(yaml.safe_dump({"logging": {"level": "warning"}, **settings}), encoding="utf-8")
-    return load_config(path, environ={"SENDDOCK_DATABASE_URL": dsn})
+    return load_config(path, environ={**os.environ, "SENDDOCK_DATABASE_URL": dsn})
 
 
 def open_app(config: Config, dsn: str) -> Senddock:
@@ -58,16 +59,19 @@ def fill_list(dsn: str, size: int, list_name: str = "bench") -> None:
         conn.execute("TRUNCATE broadcast_jobs, delivery_attempts, list_members, campaign_lists, lists, subscribers, "
                      "suppressions, broadcasts, campaigns RESTART IDENTITY CASCADE")
         list_id = conn.execute("INSERT INTO lists (name) VALUES (%s) RETURNING id", (list_name,)).fetchone()[0]
-        conn.execute("INSERT INTO subscribers (email, name) SELECT 'user' || i || '@example' || (i %% 50) || '.com', "
-                     "'User ' || i FROM generate_series(1, %s) i", (size,))
+        conn.execute("INSERT INTO subscribers (email, name, attributes) "
+                     "SELECT 'user' || i || '@example' || (i %% 50) || '.com', 'User ' || i, "
+                     "jsonb_build_object('city', 'Zürich', 'uid', i) FROM generate_series(1, %s) i", (size,))
         conn.execute("INSERT INTO list_members (list_id, subscriber_id) SELECT %s, id FROM subscribers", (list_id,))
         conn.execute("VACUUM ANALYZE subscribers")
 
 
-def enqueue(app: Senddock, list_name: str = "bench") -> tuple[int, int]:
-    """A new campaign on the list, sent: (campaign id, broadcast id)."""
-    campaign_id = app.create_campaign(name=f"bench {uuid.uuid4().hex[:6]}", lists=[list_name], subject="Hi",
-                                      from_addr="bench@example.com", text_body="Hello")
+def enqueue(app: Senddock, list_name: str = "bench", *, html: str | None = None,
+            subject: str = "Hi") -> tuple[int, int]:
+    """A new campaign on the list (a one-word text, or ``html``), sent: (campaign id, broadcast id)."""
+    campaign_id = app.create_campaign(name=f"bench {uuid.uuid4().hex[:6]}", lists=[list_name], subject=subject,
+                                      from_addr="bench@example.com", text_body=None if html else "Hello",
+                                      html_body=html)
     return campaign_id, app.send_campaign(campaign_id).broadcast_id
 
 

@@ -15,7 +15,9 @@ whole machine per message is printed beside each rate to show the cost a rate ma
 from __future__ import annotations
 
 import json
+import os
 import smtplib
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +36,8 @@ from common import (
     reset_jobs,
     scratch_database,
 )
+
+from render import HTML as NEWSLETTER
 
 from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
@@ -65,7 +69,18 @@ def bare_loop(port: int, messages: int, workers: int) -> None:
 
 
 
-def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
+def newsletter_settings(folder: Path) -> dict:
+    """DKIM and unsubscribe links on, as bench/render.py's newsletter needs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tests_support import dkim_key
+
+    key_file, _ = dkim_key(folder)
+    os.environ["BENCH_UNSUBSCRIBE_SECRET"] = "bench-secret-0123456789"
+    return {"dkim": {"domain": "example.com", "selector": "s1", "private_key_file": str(key_file)},
+            "unsubscribe": {"url": "https://lists.example.com", "secret": "${BENCH_UNSUBSCRIBE_SECRET}"}}
+
+
+def measure(dsn: str, messages: int, workers: int, folder: Path, newsletter: bool = False) -> dict:
     fill_list(dsn, messages)
     rates: dict[str, float] = {}
     cpu: dict[str, float] = {}
@@ -80,9 +95,11 @@ def measure(dsn: str, messages: int, workers: int, folder: Path) -> dict:
                 reset_jobs(dsn)
                 config = bench_config(dsn, folder, {
                     "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port, "security": "none"},
-                    "workers": workers, "poll_interval": "100ms"})
+                    "workers": workers, "poll_interval": "100ms", **(newsletter_settings(folder) if newsletter else {})})
                 app = open_app(config, dsn)
-                campaign_id, _ = enqueue(app)  # outside the timing, like the bare side's fill
+                # Outside the timing, like the bare side's fill.
+                campaign_id, _ = (enqueue(app, html=NEWSLETTER, subject="{{ subscriber.name }}, your week")
+                                  if newsletter else enqueue(app))
                 started, machine = time.perf_counter(), machine_cpu()
                 Runner(config, exit_when_idle=True).run()
                 seconds = time.perf_counter() - started
@@ -110,6 +127,9 @@ def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=5)
+    parser.add_argument("--newsletter", action="store_true",
+                        help="senddock sends bench/render.py's 23 KB personalised HTML newsletter, DKIM-signed, "
+                             "with unsubscribe links (the bare side still sends its small message)")
     parser.add_argument("--log", choices=["info", "warning"], default="info",
                         help="senddock's log level; info (the default of `senddock run`) writes one JSON line "
                              "per attempt, here to stderr")
@@ -117,7 +137,7 @@ def main() -> None:
     # As `senddock run` does when its stderr is not a terminal: buffered JSON lines.
     configure_logging(args.log, "json")
     with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
-        row = measure(dsn, args.messages, args.workers, Path(folder))
+        row = measure(dsn, args.messages, args.workers, Path(folder), args.newsletter)
     print(f"senddock {row['senddock_messages_per_s']:,} messages/s vs bare smtplib "
           f"{row['bare_messages_per_s']:,} messages/s: ratio {row['ratio']}x (target >= 0.5)")
     print(json.dumps({"benchmark": "smtp_drain", **row}))
