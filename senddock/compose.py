@@ -79,17 +79,7 @@ class Composer:
         """The job's Message; raises TemplateError when the recipient's data does not render."""
         campaign = prepared.content
         links = self._unsubscribe_links(recipient, campaign.campaign_id)
-        context = context_for(
-            email=recipient.email,
-            name=recipient.name,
-            attributes=recipient.attributes,
-            campaign_id=campaign.campaign_id,
-            campaign_name=campaign.name,
-            from_addr=campaign.from_addr,
-            unsubscribe_url=links.get("url") or links.get("mailto"),
-        )
-        if context["unsubscribe_url"] is None:
-            del context["unsubscribe_url"]  # StrictUndefined: a template using it fails with a clear error
+        context = context_for(recipient, campaign, links.get("url") or links.get("mailto"))
         content = prepared.templates.render(context)
         return Message(
             job_id=job_id,

@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from senddock.outcome import RenderedContent
+from senddock.outcome import CampaignContent, Recipient, RenderedContent
 
 
 class TemplateError(Exception):
@@ -64,22 +64,16 @@ class CampaignTemplates:
         return RenderedContent(subject=subject, text_body=text, html_body=html)
 
 
-def context_for(
-    *,
-    email: str,
-    name: str,
-    attributes: Mapping[str, Any],
-    campaign_id: int,
-    campaign_name: str,
-    from_addr: str,
-    unsubscribe_url: str,
-) -> dict[str, Any]:
-    """What a template sees: ``subscriber``, ``campaign`` and ``unsubscribe_url``."""
-    return {
-        "subscriber": {"email": email, "name": name, "attributes": dict(attributes)},
-        "campaign": {"id": campaign_id, "name": campaign_name, "from": from_addr},
-        "unsubscribe_url": unsubscribe_url,
+def context_for(recipient: Recipient, campaign: CampaignContent, unsubscribe_url: str | None) -> dict[str, Any]:
+    """What a template sees: ``subscriber``, ``campaign`` and, when configured, ``unsubscribe_url``
+    (left out otherwise, so a template using it fails with a message saying what to configure)."""
+    context: dict[str, Any] = {
+        "subscriber": {"email": recipient.email, "name": recipient.name, "attributes": dict(recipient.attributes)},
+        "campaign": {"id": campaign.campaign_id, "name": campaign.name, "from": campaign.from_addr},
     }
+    if unsubscribe_url is not None:
+        context["unsubscribe_url"] = unsubscribe_url
+    return context
 
 
 def html_to_text(html: str) -> str:

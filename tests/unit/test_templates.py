@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from senddock.outcome import CampaignContent, Recipient
 from senddock.templates import CampaignTemplates, TemplateError, context_for
 
 
 def render(subject="Hi", text=None, html=None, **subscriber):
     context = context_for(
-        email=subscriber.get("email", "ada@example.com"),
-        name=subscriber.get("name", "Ada"),
-        attributes=subscriber.get("attributes", {}),
-        campaign_id=7,
-        campaign_name="November news",
-        from_addr="news@example.com",
-        unsubscribe_url="https://lists.example.com/unsubscribe/t0k",
+        Recipient(subscriber.get("email", "ada@example.com"), subscriber.get("name", "Ada"),
+                  subscriber.get("attributes", {})),
+        CampaignContent(campaign_id=7, name="November news", subject=subject, from_addr="news@example.com"),
+        "https://lists.example.com/unsubscribe/t0k",
     )
     return CampaignTemplates.compile(subject, text, html).render(context)
 
