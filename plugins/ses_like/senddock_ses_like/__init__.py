@@ -1,32 +1,39 @@
 """senddock's built-in SES-style HTTP API transport, packaged exactly as a third-party plugin would be.
 
-Registered through the ``senddock`` entry-point group; uses only ``senddock.hookimpl`` and
-``senddock.outcome``. This foundation release declares the transport and its settings; sending
-through the ``sesv2`` API arrives in its own issue.
+Registered through the ``senddock`` entry-point group; uses only the public modules of senddock
+(``hookimpl``, ``outcome``, ``mime``, ``durations``), never the engine. Select it with
+``transport: ses_like``; point ``ses_like.endpoint_url`` at an SES-compatible service or a local peer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from senddock import hookimpl
+from senddock.outcome import Classification, Message, PluginConfig, SendResult
+from senddock_ses_like import classify as _classify
+from senddock_ses_like import transport as _transport
 
-TRANSPORT = "ses_like"
+TRANSPORT = _transport.TRANSPORT
 
 CONFIG_SCHEMA: Mapping[str, Any] = {
     "type": "object",
     "additionalProperties": False,
-    "description": "An SES-compatible HTTP API. Credentials come from the environment or boto3's usual chain.",
+    "description": "An SES-compatible HTTP API (sesv2). Credentials come from the environment or boto3's usual "
+                   "chain (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, an instance role), never this file.",
     "properties": {
         "region": {"type": "string", "minLength": 1, "default": "us-east-1"},
         "endpoint_url": {
-            "description": "API endpoint for SES-compatible services and local peers; default: AWS's.",
+            "description": "API endpoint for SES-compatible services and local peers; default: AWS's for the region.",
             "type": ["string", "null"],
+            "pattern": "^https?://",
             "default": None,
         },
-        "configuration_set": {"type": ["string", "null"], "default": None},
-        "timeout": {"type": "string", "duration": True, "default": "30s"},
+        "configuration_set": {"description": "ConfigurationSetName for every send (event publishing).",
+                              "type": ["string", "null"], "default": None},
+        "timeout": {"description": "Connect and read timeout of each API call.", "type": "string",
+                    "duration": True, "default": "30s"},
     },
 }
 
@@ -39,3 +46,24 @@ def transport_names() -> list[str]:
 @hookimpl
 def config_schema() -> Mapping[str, Mapping[str, Any]]:
     return {"ses_like": CONFIG_SCHEMA}
+
+
+@hookimpl
+def send_message(
+    message: Message, transport: str, config: PluginConfig, worker_state: MutableMapping[str, Any]
+) -> SendResult | None:
+    if transport != TRANSPORT:
+        return None
+    return _transport.send(message, config.section("ses_like"), worker_state)
+
+
+@hookimpl
+def classify_result(result: SendResult) -> Classification | None:
+    if result.transport != TRANSPORT:
+        return None
+    return _classify.classify(result)
+
+
+@hookimpl
+def worker_stopped(worker_state: MutableMapping[str, Any]) -> None:
+    _transport.close(worker_state)

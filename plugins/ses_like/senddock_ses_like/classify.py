@@ -1,0 +1,70 @@
+"""What an SES-style API answer means for the job: the whole table in one place, one test per row.
+
+With an API, a dead address is not refused at send time: it shows up later as a bounce
+notification (``senddock events ingest``). So nothing here ever suppresses anyone.
+
+| answer                                                         | outcome                        |
+|----------------------------------------------------------------|--------------------------------|
+| 200 with a MessageId                                           | sent                           |
+| TooManyRequestsException (429)                                 | retry                          |
+| Throttling "Maximum sending rate exceeded"                     | retry                          |
+| HTTP 5xx, network errors, timeouts                             | retry (in doubt after sending) |
+| Throttling "Daily message quota exceeded"                      | pause: daily_quota_exceeded    |
+| AccountSuspendedException                                      | pause: account_suspended       |
+| SendingPausedException                                         | pause: sending_paused          |
+| MailFromDomainNotVerifiedException                             | pause: mail_from_not_verified  |
+| MessageRejected                                                | fail: message_rejected         |
+| LimitExceededException, NotFoundException, BadRequestException | fail: configuration problem    |
+| any other 4xx error                                            | fail: rejected                 |
+"""
+
+from __future__ import annotations
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from senddock.outcome import Classification, Outcome, SendResult
+
+PAUSE = {
+    "AccountSuspendedException": "account_suspended",
+    "SendingPausedException": "sending_paused",
+    "MailFromDomainNotVerifiedException": "mail_from_not_verified",
+}
+# Our request or our setup is wrong: retrying cannot help, and no recipient is at fault.
+CONFIGURATION = {
+    "LimitExceededException": "limit_exceeded",
+    "NotFoundException": "not_found",
+    "BadRequestException": "bad_request",
+}
+THROTTLED = {"TooManyRequestsException", "Throttling", "ThrottlingException"}
+# SES asks to wait for the rate to recover; the default backoff never goes sooner.
+THROTTLE_WAIT = 10.0
+
+
+def error_code(result: SendResult) -> str | None:
+    if isinstance(result.error, ClientError):
+        return result.error.response.get("Error", {}).get("Code")
+    return None
+
+
+def classify(result: SendResult) -> Classification:
+    if result.ok:
+        return Classification(Outcome.SENT, "sent")
+    code = error_code(result)
+    if code is None:
+        if result.error is not None and not isinstance(result.error, BotoCoreError):
+            return Classification(Outcome.FAIL, "plugin_error")  # a bug, not the network
+        return Classification(Outcome.RETRY, "connection_error", in_doubt=result.may_have_sent)
+    text = result.text.lower()
+    if code in THROTTLED:
+        if "daily message quota" in text:
+            return Classification(Outcome.PAUSE, "daily_quota_exceeded")
+        return Classification(Outcome.RETRY, "throttled", retry_after=THROTTLE_WAIT)
+    if code in PAUSE:
+        return Classification(Outcome.PAUSE, PAUSE[code])
+    if code == "MessageRejected":
+        return Classification(Outcome.FAIL, "message_rejected")
+    if code in CONFIGURATION:
+        return Classification(Outcome.FAIL, CONFIGURATION[code])
+    if result.code is not None and result.code >= 500:
+        return Classification(Outcome.RETRY, "provider_error")
+    return Classification(Outcome.FAIL, "rejected")
