@@ -19,7 +19,7 @@ from typing import Any
 from senddock import mime
 from senddock.compose import Composer
 from senddock.config import Config, load_config
-from senddock.core import campaigns, lists, migrations, results, subscribers
+from senddock.core import campaigns, events, lists, migrations, results, subscribers
 from senddock.core.campaigns import (
     Campaign,
     CampaignStatus,
@@ -235,6 +235,24 @@ class Senddock:
     def campaign_status(self, campaign_id: int) -> CampaignStatus:
         with self._conn() as conn:
             return campaigns.campaign_status(conn, campaign_id)
+
+    # -- provider notifications ------------------------------------------------------------------
+
+    def ingest_event(self, document: Mapping[str, Any]) -> events.Applied:
+        """Apply one provider notification (an SES/SNS bounce, complaint or delivery).
+
+        Raises InvalidInput when no plugin reads it or it is malformed, and
+        :class:`senddock.core.events.UnknownMessage` when it is about a message no job sent.
+        """
+        self.ensure_schema()
+        pm = self.config.plugin_manager
+        try:
+            parsed = pm.hook.parse_provider_event(document=document, config=self.config)
+        except EventError as exc:
+            raise InvalidInput(str(exc)) from None
+        if parsed is None:
+            raise InvalidInput("not a notification any installed plugin reads (e.g. SES via SNS)")
+        return events.apply_events(self.db, pm, self.config, self.suppressions, parsed)
 
     # -- suppressions ----------------------------------------------------------------------------
 

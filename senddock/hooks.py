@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         Classification,
         Message,
         PluginConfig,
+        ProviderEvent,
         RetryDecision,
         SendResult,
         SuppressionList,
@@ -140,6 +141,23 @@ def compute_backoff(
         non-None result wins. The built-in default follows ``retry.schedule``: with the defaults the
         first send plus five retries after 30s, 2m, 8m, 30m and 1h, each jittered by
         ``retry.jitter``.
+    """
+
+
+@hookspec(firstresult=True)
+def parse_provider_event(document: Mapping[str, Any], config: PluginConfig) -> list[ProviderEvent] | None:
+    """Read one notification a provider sent after the send: bounces, complaints, deliveries.
+
+    Used by ``senddock events ingest`` and ``senddock serve``'s webhook. The first plugin that
+    recognises the document answers; the others return None.
+
+    :param document: one parsed JSON document as received (for SES: an SNS envelope whose
+        ``Message`` is a JSON string, or that bare message).
+    :param config: the validated configuration.
+    :return: one :class:`~senddock.outcome.ProviderEvent` per recipient it reports (possibly none,
+        e.g. an SNS subscription confirmation), or None when the document is not this plugin's.
+    :raises senddock.outcome.EventError: the document is this provider's but cannot be read; the
+        engine reports it (with its line) and skips it.
     """
 
 

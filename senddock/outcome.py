@@ -207,6 +207,40 @@ class Bounce:
         return "complained" if self.kind is BounceKind.COMPLAINT else "bounced"
 
 
+@dataclass(frozen=True)
+class ProviderEvent:
+    """One recipient's fate as a provider reports it after the send (a bounce or complaint
+    notification, a delivery), returned by ``parse_provider_event``.
+
+    :ivar kind: ``bounce``, ``complaint`` or ``delivery``.
+    :ivar email: the recipient it is about.
+    :ivar provider_message_id: the id the provider gave the message at send time.
+    :ivar event_key: unique per event and recipient, so the same notification applied twice is
+        recorded once (e.g. the provider's feedback id and the address).
+    :ivar suppresses: the address must not be mailed again (a permanent bounce, a complaint).
+    :ivar bounce_type: the provider's bounce type (``Permanent``, ``Transient``, ``Undetermined``).
+    :ivar sub_type: the provider's sub-type (``General``, ``OnAccountSuppressionList``...).
+    :ivar diagnostic: the remote server's text or the provider's.
+    :ivar job_id: the job, when the provider echoes it back (message tags).
+    :ivar occurred_at: when it happened, ISO 8601, as the provider says.
+    """
+
+    kind: str
+    email: str
+    provider_message_id: str | None
+    event_key: str
+    suppresses: bool = False
+    bounce_type: str | None = None
+    sub_type: str | None = None
+    diagnostic: str = ""
+    job_id: int | None = None
+    occurred_at: str | None = None
+
+
+class EventError(ValueError):
+    """A notification a parser recognises as its provider's but cannot read; the message says why."""
+
+
 class SuppressionList(Protocol):
     """What ``on_bounced`` implementations get to record a suppression (the engine provides it)."""
 

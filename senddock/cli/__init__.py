@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psycopg
 
 from senddock import __version__
-from senddock.cli import commands, engine, mail
+from senddock.cli import commands, engine, events, mail
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
 from senddock.errors import (
@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         "id", type=_positive_int, metavar="ID")
     engine.add_commands(sub, camp, command, _positive_int)
     mail.add_commands(sub, camp, command, _positive_int)
+    events.add_commands(sub.add_parser("events", help="provider notifications").add_subparsers(
+        dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser), command)
     return parser
 
 

@@ -41,6 +41,8 @@ def moto_server(aws_env):
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
+    # moto's state lives in this process, shared by every server it starts: begin from nothing.
+    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10).close()
     # moto refuses a send from an identity nobody created, as SES does.
     boto3.client("sesv2", region_name="us-east-1", endpoint_url=url).create_email_identity(EmailIdentity="example.com")
     yield url

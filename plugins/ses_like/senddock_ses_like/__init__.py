@@ -11,8 +11,15 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from senddock import hookimpl
-from senddock.outcome import Classification, Message, PluginConfig, SendResult
+from senddock.outcome import (
+    Classification,
+    Message,
+    PluginConfig,
+    ProviderEvent,
+    SendResult,
+)
 from senddock_ses_like import classify as _classify
+from senddock_ses_like import events as _events
 from senddock_ses_like import transport as _transport
 
 TRANSPORT = _transport.TRANSPORT
@@ -62,6 +69,13 @@ def classify_result(result: SendResult) -> Classification | None:
     if result.transport != TRANSPORT:
         return None
     return _classify.classify(result)
+
+
+@hookimpl
+def parse_provider_event(document: Mapping[str, Any]) -> list[ProviderEvent] | None:
+    if not _events.is_ses_document(document):
+        return None
+    return _events.parse(document)
 
 
 @hookimpl

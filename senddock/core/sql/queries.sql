@@ -512,3 +512,39 @@ UPDATE broadcast_jobs
        claimed_by = NULL, claim_token = NULL, claimed_at = NULL
  WHERE claimed_by = %(node_id)s AND status = 'sending' AND claim_token = %(claim_token)s
 RETURNING id;
+
+-- ---------------------------------------------------------------------------------------------
+-- Provider notifications: bounces, complaints, deliveries learnt after the send.
+
+-- name: event_job_by_message_id
+SELECT j.id, j.broadcast_id, b.campaign_id, j.email
+  FROM broadcast_jobs j JOIN broadcasts b ON b.id = j.broadcast_id
+ WHERE j.provider_message_id = %(provider_message_id)s;
+
+-- name: event_job_by_id
+SELECT j.id, j.broadcast_id, b.campaign_id, j.email
+  FROM broadcast_jobs j JOIN broadcasts b ON b.id = j.broadcast_id
+ WHERE j.id = %(job_id)s;
+
+-- name: event_record
+-- Once per event_key; a second arrival returns the first row (new = false) with its hooks state.
+-- A job found only through its tag gets the provider's id it missed (a crash after the send).
+WITH recorded AS (
+    INSERT INTO delivery_events (event_key, job_id, broadcast_id, provider_message_id, email, kind,
+                                 bounce_type, sub_type, suppresses, diagnostic, occurred_at)
+    VALUES (%(event_key)s, %(job_id)s, %(broadcast_id)s, %(provider_message_id)s, %(email)s, %(kind)s,
+            %(bounce_type)s, %(sub_type)s, %(suppresses)s, %(diagnostic)s, %(occurred_at)s::timestamptz)
+    ON CONFLICT (event_key) DO NOTHING
+    RETURNING id, hooks_done
+), found_id AS (
+    UPDATE broadcast_jobs SET provider_message_id = %(provider_message_id)s
+     WHERE id = %(job_id)s AND provider_message_id IS NULL AND %(provider_message_id)s::text IS NOT NULL
+       AND EXISTS (SELECT FROM recorded)
+)
+SELECT id, hooks_done, true AS new FROM recorded
+UNION ALL
+SELECT id, hooks_done, false FROM delivery_events
+ WHERE event_key = %(event_key)s AND NOT EXISTS (SELECT FROM recorded);
+
+-- name: event_hooks_done
+UPDATE delivery_events SET hooks_done = true WHERE id = %(event_id)s;

@@ -1,0 +1,116 @@
+"""Applying what providers report after the send: bounces and complaints suppress (through the
+``on_bounced`` hooks), transient bounces and deliveries are recorded on the job's event log.
+
+Each event is matched to its job by the provider's message id, or by the job id the transport
+tagged the message with, and only when the event's address is the job's. Each event is recorded
+once (``event_key``): the same notifications applied twice change nothing the second time. Hooks
+run after the event's commit, outside any transaction; ``hooks_done`` turns true once they all
+returned, so a crash in between re-runs them when the notification arrives again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+import psycopg
+import structlog
+from psycopg.rows import dict_row
+
+from senddock.config import Config
+from senddock.core.db import Database
+from senddock.core.queries import query
+from senddock.outcome import (
+    Bounce,
+    BounceKind,
+    BounceSource,
+    JobRef,
+    ProviderEvent,
+    SuppressionList,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class UnknownMessage(LookupError):
+    """No job sent this message (yet): SNS should deliver the notification again later."""
+
+
+@dataclass
+class Applied:
+    recorded: int = 0  # new events
+    already_recorded: int = 0
+    suppressed: list[str] = field(default_factory=list)  # addresses whose hooks ran now
+    hooks_failed: list[str] = field(default_factory=list)
+
+
+def apply_events(
+    db: Database, pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList,
+    events: list[ProviderEvent],
+) -> Applied:
+    """Record the events of one notification; raises UnknownMessage (recording none of them) when
+    one of them matches no job."""
+    applied = Applied()
+    with db.connection() as conn, conn.transaction():
+        jobs = [_job_for(conn, event) for event in events]
+        rows = [_record(conn, event, job) for event, job in zip(events, jobs)]
+    for event, job, row in zip(events, jobs, rows):
+        if row["new"]:
+            applied.recorded += 1
+            log.info("provider_event", kind=event.kind, email=event.email, job_id=job["id"],
+                     bounce_type=event.bounce_type, sub_type=event.sub_type, suppresses=event.suppresses)
+        else:
+            applied.already_recorded += 1
+        if not event.suppresses or row["hooks_done"]:
+            continue
+        if _run_hooks(pm, config, suppressions, event, job):
+            with db.connection() as conn:
+                conn.execute(query("event_hooks_done"), {"event_id": row["id"]})
+            applied.suppressed.append(event.email)
+        else:
+            applied.hooks_failed.append(event.email)
+    return applied
+
+
+def _job_for(conn: psycopg.Connection, event: ProviderEvent) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        job = None
+        if event.provider_message_id:
+            job = cur.execute(query("event_job_by_message_id"),
+                              {"provider_message_id": event.provider_message_id}).fetchone()
+        if job is None and event.job_id is not None:
+            job = cur.execute(query("event_job_by_id"), {"job_id": event.job_id}).fetchone()
+    if job is None or job["email"].lower() != event.email.lower():
+        what = f"message id {event.provider_message_id}" if event.provider_message_id else f"job {event.job_id}"
+        raise UnknownMessage(f"no job sent {what} to {event.email}")
+    return job
+
+
+def _record(conn: psycopg.Connection, event: ProviderEvent, job: dict[str, Any]) -> dict[str, Any]:
+    params = {
+        "event_key": event.event_key, "job_id": job["id"], "broadcast_id": job["broadcast_id"],
+        "provider_message_id": event.provider_message_id, "email": event.email, "kind": event.kind,
+        "bounce_type": event.bounce_type, "sub_type": event.sub_type, "suppresses": event.suppresses,
+        "diagnostic": event.diagnostic[:2000].replace("\x00", ""), "occurred_at": event.occurred_at,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("event_record"), params).fetchone()
+
+
+def _run_hooks(pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList, event: ProviderEvent,
+               job: dict[str, Any]) -> bool:
+    bounce = Bounce(
+        email=event.email,
+        kind=BounceKind.COMPLAINT if event.kind == "complaint" else BounceKind.BOUNCE,
+        source=BounceSource.NOTIFICATION,
+        enhanced_code=event.sub_type,
+        diagnostic=event.diagnostic,
+        job=JobRef(job["id"], job["broadcast_id"], job["campaign_id"]),
+    )
+    try:
+        pm.hook.on_bounced(bounce=bounce, suppressions=suppressions, config=config)
+    except Exception as exc:  # noqa: BLE001 - reported; the event stays pending for the next arrival
+        log.error("plugin_failed", hook="on_bounced", error=repr(exc), email=event.email)
+        return False
+    return True
