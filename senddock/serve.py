@@ -8,6 +8,10 @@
   prefetchers follow every URL in a message.
 * A malformed or tampered token is answered 400 and changes nothing.
 * ``GET /healthz`` for load balancers: 200 when the database answers.
+* ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The SNS signature is
+  verified first (403 and nothing applied otherwise); a subscription is confirmed; a notification
+  is applied as ``senddock events ingest`` would. One about a message no job sent (yet) is
+  answered 503, so SNS delivers it again later; a malformed one 400.
 
 Tokens are checked with the HMAC secret alone; the database is touched only for a valid one.
 Access logs are off: the URL carries the token, and one structured line per unsubscribe (with
@@ -16,7 +20,10 @@ the subscriber id, not the token) is what an operator needs.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from html import escape
+from pathlib import Path
 
 import structlog
 from starlette.applications import Starlette
@@ -28,7 +35,10 @@ from starlette.routing import Route
 from senddock.config import Config
 from senddock.core import subscribers
 from senddock.core.db import Database
-from senddock.errors import ConfigError
+from senddock.core.events import UnknownMessage, apply_events
+from senddock.core.suppressions import Suppressions
+from senddock.outcome import EventError
+from senddock.sns import SignatureError, Verifier, is_sns_url
 from senddock.unsubscribe import BadToken, UnsubscribeToken, read_token
 
 log = structlog.get_logger(__name__)
@@ -51,9 +61,11 @@ def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
 def create_app(config: Config, db: Database) -> Starlette:
     secret = config.section("unsubscribe").get("secret")
     if not secret:
-        raise ConfigError(["$.unsubscribe.secret: `senddock serve` needs the secret the links were signed with"])
+        log.warning("unsubscribe_off", reason="unsubscribe.secret is not set: /unsubscribe answers 404")
 
     def token_of(request: Request) -> UnsubscribeToken | None:
+        if not secret:
+            return None
         try:
             return read_token(secret, request.path_params["token"])
         except BadToken:
@@ -79,6 +91,47 @@ def create_app(config: Config, db: Database) -> Starlette:
         log.info("unsubscribed", subscriber_id=token.subscriber_id, campaign_id=token.campaign_id)
         return _page("Unsubscribed", f"<p>{escape(email)} will receive no more of these emails.</p>")
 
+    base = config.path.parent if config.path else Path.cwd()
+    verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()})
+    suppressions = Suppressions(db)
+    pm = config.plugin_manager
+
+    async def ses_webhook(request: Request) -> JSONResponse:
+        try:
+            document = json.loads(await request.body())
+        except ValueError:
+            return JSONResponse({"error": "not JSON"}, status_code=400)
+        if not isinstance(document, dict):
+            return JSONResponse({"error": "not a JSON object"}, status_code=400)
+        try:
+            await run_in_threadpool(verifier.verify, document)
+        except SignatureError as exc:
+            log.warning("sns_refused", reason=str(exc), topic=document.get("TopicArn"))
+            return JSONResponse({"error": f"refused: {exc}"}, status_code=403)
+        kind = document.get("Type")
+        if kind == "SubscriptionConfirmation":
+            url = str(document.get("SubscribeURL", ""))
+            if not is_sns_url(url):
+                return JSONResponse({"error": "SubscribeURL is not an SNS host of amazonaws.com"}, status_code=400)
+            await run_in_threadpool(_confirm, url)
+            log.info("sns_subscribed", topic=document.get("TopicArn"))
+            return JSONResponse({"confirmed": True})
+        if kind != "Notification":
+            return JSONResponse({"ignored": kind})
+        try:
+            parsed = pm.hook.parse_provider_event(document=document, config=config)
+            if parsed is None:
+                return JSONResponse({"error": "not a notification any installed plugin reads"}, status_code=400)
+            applied = await run_in_threadpool(apply_events, db, pm, config, suppressions, parsed)
+        except EventError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        except UnknownMessage as exc:
+            return JSONResponse({"error": str(exc), "retry": True}, status_code=503)
+        if applied.hooks_failed:
+            return JSONResponse({"error": "on_bounced failed", "retry": True}, status_code=500)
+        return JSONResponse({"recorded": applied.recorded, "already_recorded": applied.already_recorded,
+                             "suppressed": len(applied.suppressed)})
+
     async def healthz(request: Request) -> JSONResponse:
         try:
             await run_in_threadpool(_ping, db)
@@ -94,6 +147,7 @@ def create_app(config: Config, db: Database) -> Starlette:
             Route("/unsubscribe/{token}", confirm, methods=["GET"]),
             Route("/unsubscribe/{token}", one_click, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
+            Route("/webhooks/ses", ses_webhook, methods=["POST"]),
         ],
         exception_handlers={404: not_found},
     )
@@ -102,6 +156,11 @@ def create_app(config: Config, db: Database) -> Starlette:
 def _unsubscribe(db: Database, token: UnsubscribeToken) -> str | None:
     with db.connection() as conn:
         return subscribers.unsubscribe(conn, token.subscriber_id, token.campaign_id)
+
+
+def _confirm(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - https, SNS host (checked)
+        response.read()
 
 
 def _ping(db: Database) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_ses_like import aws_env, moto_server  # noqa: F401 - fixtures
@@ -128,3 +129,117 @@ def test_a_notification_about_another_address_than_the_jobs_is_refused(cli, sent
     result = cli("events", "ingest", path, "-c", config)
     assert result.exit_code == 1
     assert suppressed(app) == {}
+
+
+# -- the SNS webhook of `senddock serve` ---------------------------------------------------------
+
+CERT_URL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-test.pem"
+
+
+def signing_key(folder: Path, name: str):
+    """A key and a self-signed certificate standing in for SNS's."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sns.amazonaws.com")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1)).sign(key, hashes.SHA256()))
+    path = folder / f"{name}.pem"
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return key, path
+
+
+def signed(envelope: dict, key, cert_url: str = CERT_URL) -> dict:
+    import base64
+
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+
+    from senddock.sns import string_to_sign
+
+    envelope = {**envelope, "SignatureVersion": "2", "SigningCertURL": cert_url}
+    signature = key.sign(string_to_sign(envelope), padding.PKCS1v15(), hashes.SHA256())
+    return {**envelope, "Signature": base64.b64encode(signature).decode()}
+
+
+@pytest.fixture
+def webhook(sent, tmp_path):
+    """A running `senddock serve` trusting a test certificate for CERT_URL: (post, app, ids, sns key)."""
+    import os
+    import subprocess
+    import urllib.error
+    import urllib.request
+
+    import yaml
+
+    from senddock.sink import _free_port
+    from tests_support import senddock_executable, wait_for
+
+    app, config_path, ids = sent
+    key, cert = signing_key(tmp_path, "sns")
+    port = _free_port("127.0.0.1")
+    settings = yaml.safe_load(Path(config_path).read_text())
+    settings["serve"] = {"port": port, "sns_certificates": {CERT_URL: str(cert)}}
+    Path(config_path).write_text(yaml.safe_dump(settings))
+    server = subprocess.Popen([senddock_executable(), "serve", "-c", str(config_path)], env=dict(os.environ),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def post(body) -> int:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/webhooks/ses", data=data, method="POST",
+                                         headers={"Content-Type": "text/plain; charset=UTF-8"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+        except OSError:
+            return 0
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(healthy, 20, "senddock serve")
+        yield post, app, ids, key
+    finally:
+        server.terminate()
+        assert server.wait(20) == 0, server.stderr.read().decode()[-2000:]
+
+
+def test_signed_sns_deliveries_apply_and_forgeries_are_refused(webhook, tmp_path):
+    post, app, ids, key = webhook
+    other_key, _ = signing_key(tmp_path, "attacker")
+    note = sns(bounce(ids["user0@example.com"], "user0@example.com"))
+
+    assert post(note) == 403  # unsigned
+    assert post(signed(note, other_key)) == 403  # signed by someone else
+    assert post(signed(note, key, "https://evil.example.com/cert.pem")) == 403  # certificate from anywhere
+    tampered = signed(note, key)
+    tampered["Message"] = json.dumps(bounce(ids["user1@example.com"], "user1@example.com"))
+    assert post(tampered) == 403
+    assert suppressed(app) == {}
+
+    assert post(b"{not json") == 400
+    assert post(signed(sns(bounce("0100-not-yet", "user2@example.com", feedback="fb-9")), key)) == 503  # SNS retries
+    confirm = {"Type": "SubscriptionConfirmation", "MessageId": "m", "Token": "t", "TopicArn": "arn:aws:sns:x",
+               "Message": "confirm", "SubscribeURL": "https://evil.example.com/confirm", "Timestamp": "2026-12-02T10:00:00Z"}
+    assert post(signed(confirm, key)) == 400  # never follows a SubscribeURL off SNS
+
+    assert post(signed(note, key)) == 200
+    assert post(signed(sns(complaint(ids["user3@example.com"], "user3@example.com")), key)) == 200
+    assert post(signed(note, key)) == 200  # SNS delivers at least once: the repeat changes nothing
+    assert suppressed(app) == {"user0@example.com": "bounced", "user3@example.com": "complained"}
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM delivery_events").fetchone() == (2,)
