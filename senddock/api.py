@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from senddock import mime
@@ -166,8 +167,14 @@ class Senddock:
         with self._conn() as conn:
             return campaigns.all_campaigns(conn)
 
-    def send_campaign(self, campaign_id: int) -> EnqueueResult:
-        """Enqueue the campaign's broadcast, once its templates rendered for a sample of recipients."""
+    def send_campaign(self, campaign_id: int, *, send_at: datetime | None = None) -> EnqueueResult:
+        """Enqueue the campaign's broadcast, once its templates rendered for a sample of recipients.
+
+        With ``send_at`` (timezone-aware) in the future the campaign is ``scheduled``: its jobs are
+        enqueued now and nothing is claimed before then.
+        """
+        if send_at is not None and send_at.tzinfo is None:
+            raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
             sample = campaigns.sample_recipients(conn, campaign_id)
@@ -182,7 +189,23 @@ class Senddock:
                     f"{recipient.subscriber_id} ({recipient.email}): {exc}"
                 ) from None
         with self._conn() as conn:
-            return campaigns.send_campaign(conn, campaign_id)
+            return campaigns.send_campaign(conn, campaign_id, send_at)
+
+    def pause_campaign(self, campaign_id: int) -> None:
+        """Stop claiming its jobs (every node, within a send); in-flight sends finish."""
+        with self._conn() as conn:
+            campaigns.pause_campaign(conn, campaign_id)
+
+    def cancel_campaign(self, campaign_id: int) -> int:
+        """Fail its unsent jobs as cancelled; returns how many."""
+        with self._conn() as conn:
+            return campaigns.cancel_campaign(conn, campaign_id)
+
+    def requeue_campaign(self, campaign_id: int, reason: str) -> int:
+        """Put its jobs failed for ``reason`` back in line (never bounced, complained, unsubscribed,
+        suppressed); returns how many."""
+        with self._conn() as conn:
+            return campaigns.requeue_campaign(conn, campaign_id, reason)
 
     @property
     def composer(self) -> Composer:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psycopg
 
 from senddock import __version__
-from senddock.cli import commands, engine, events, mail
+from senddock.cli import commands, control, engine, events, mail
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
 from senddock.errors import (
@@ -43,6 +43,18 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an id (a positive whole number)") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not an id (a positive whole number)")
+    return value
+
+
+def _aware_time(text: str):
+    from datetime import datetime
+
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-12-24T09:00:00+01:00)") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no zone: add one, e.g. +01:00 or Z")
     return value
 
 
@@ -93,12 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", metavar="FILE", help="plain-text body")
     p.add_argument("--html", metavar="FILE", help="HTML body")
     command(camp, "ls", commands.campaign_ls, "list campaigns")
-    command(camp, "send", commands.campaign_send, "enqueue the campaign's broadcast").add_argument(
-        "id", type=_positive_int, metavar="ID")
+    p = command(camp, "send", commands.campaign_send, "enqueue the campaign's broadcast")
+    p.add_argument("id", type=_positive_int, metavar="ID")
+    p.add_argument("--at", type=_aware_time, metavar="TIME",
+                   help="send at this time (ISO 8601 with its zone, e.g. 2026-12-24T09:00:00+01:00); nothing "
+                        "is claimed before then")
     command(camp, "status", commands.campaign_status, "counts of the campaign's broadcast").add_argument(
         "id", type=_positive_int, metavar="ID")
     engine.add_commands(sub, camp, command, _positive_int)
     mail.add_commands(sub, camp, command, _positive_int)
+    control.add_commands(camp, command, _positive_int)
     events.add_commands(sub.add_parser("events", help="provider notifications").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser), command)
     return parser

@@ -173,8 +173,8 @@ def campaign_ls(args: argparse.Namespace, out: Output) -> int:
     out.result(
         {"campaigns": found},
         lambda: table(
-            ["id", "name", "status", "lists", "broadcast", "recipients", "created"],
-            [[c.id, c.name, c.status, c.lists, c.broadcast_id, c.enqueued, c.created_at] for c in found],
+            ["id", "name", "status", "lists", "broadcast", "recipients", "send at", "created"],
+            [[c.id, c.name, c.status, c.lists, c.broadcast_id, c.enqueued, c.send_at, c.created_at] for c in found],
         ) if found else "no campaigns yet",
     )
     return EXIT_OK
@@ -182,11 +182,13 @@ def campaign_ls(args: argparse.Namespace, out: Output) -> int:
 
 def campaign_send(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
-        result = sd.send_campaign(args.id)
+        result = sd.send_campaign(args.id, send_at=args.at)
+    when = f", scheduled for {args.at.isoformat()}" if args.at else ""
     out.result(
-        {k: getattr(result, k) for k in ("campaign_id", "broadcast_id", "enqueued", "skipped",
-                                          "skipped_suppressed", "skipped_unsubscribed")},
-        f"campaign {result.campaign_id}: broadcast {result.broadcast_id} enqueued {result.enqueued} recipients, "
+        {**{k: getattr(result, k) for k in ("campaign_id", "broadcast_id", "enqueued", "skipped",
+                                             "skipped_suppressed", "skipped_unsubscribed")},
+         "send_at": args.at},
+        f"campaign {result.campaign_id}: broadcast {result.broadcast_id} enqueued {result.enqueued} recipients{when}, "
         f"skipped {result.skipped} ({result.skipped_suppressed} suppressed, "
         f"{result.skipped_unsubscribed} unsubscribed or blocklisted)",
     )

@@ -1,4 +1,4 @@
-"""Commands around the sending engine: run, sink, campaign resume."""
+"""Commands around the sending engine: run, sink, demo."""
 
 from __future__ import annotations
 
@@ -38,14 +38,6 @@ def _stop_on_signals(stop) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
-
-
-def campaign_resume(args: argparse.Namespace, out: Output) -> int:
-    with open_senddock(args) as sd:
-        sd.resume_campaign(args.id)
-        status = sd.campaign_status(args.id)
-    out.result(status.as_dict(), f"campaign {args.id}: resumed ({status.pending + status.retry} jobs to go)")
-    return EXIT_OK
 
 
 def sink(args: argparse.Namespace, out: Output) -> int:
@@ -132,5 +124,3 @@ def add_commands(sub, camp, command, positive_int) -> None:
                    help="answer matching recipients, e.g. 'bounce*@*=550 5.1.1 no such user' "
                         "(prefix mail: to match the sender at MAIL FROM, data: to refuse at DATA)")
 
-    command(camp, "resume", campaign_resume, "resume a paused campaign").add_argument(
-        "id", type=positive_int, metavar="ID")

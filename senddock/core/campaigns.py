@@ -170,7 +170,7 @@ def all_campaigns(conn: psycopg.Connection) -> list[CampaignSummary]:
         return cur.execute(query("campaign_all")).fetchall()
 
 
-def send_campaign(conn: psycopg.Connection, campaign_id: int) -> EnqueueResult:
+def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime | None = None) -> EnqueueResult:
     """Create the campaign's broadcast and enqueue one pending job per recipient, in one transaction.
 
     Only active subscribers of the campaign's lists whose address is not suppressed are enqueued;
@@ -192,7 +192,7 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int) -> EnqueueResult:
             counts = cur.execute(
                 query("broadcast_enqueue"), {"broadcast_id": broadcast_id, "list_ids": list_ids}
             ).fetchone()
-        params = {**counts, "broadcast_id": broadcast_id, "campaign_id": campaign_id}
+        params = {**counts, "broadcast_id": broadcast_id, "campaign_id": campaign_id, "send_at": send_at}
         conn.execute(query("broadcast_record_counts"), params)
         conn.execute(query("campaign_start"), params)
         conn.execute(query("notify_jobs"), params)
@@ -223,6 +223,47 @@ def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatu
         counts = cur.execute(query("broadcast_counts"), params).fetchone()
         reasons = {r["reason"]: r["jobs"] for r in cur.execute(query("broadcast_failed_by_reason"), params)}
     return CampaignStatus(**base, **counts, failed_by_reason=reasons)
+
+
+# Failure reasons about the address itself: requeueing them would mail someone who must not be.
+NEVER_REQUEUED = ("bounced", "complained", "unsubscribed", "suppressed")
+
+
+def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = "paused by the operator") -> None:
+    """No more of its jobs are claimed (every node checks before each send); in-flight sends finish."""
+    if conn.execute(query("campaign_pause"), {"campaign_id": campaign_id, "reason": reason}).fetchone() is None:
+        status = get_campaign(conn, campaign_id).status
+        raise InvalidState(f"campaign {campaign_id} is {status}: only a sending or scheduled campaign can be paused")
+
+
+def cancel_campaign(conn: psycopg.Connection, campaign_id: int) -> int:
+    """Fail every unsent job as cancelled; returns how many. Sent jobs are untouched."""
+    with conn.transaction():
+        row = conn.execute(query("campaign_cancel"), {"campaign_id": campaign_id}).fetchone()
+        if row is None:
+            status = get_campaign(conn, campaign_id).status
+            raise InvalidState(f"campaign {campaign_id} is {status}: there is nothing left to cancel")
+        conn.execute(query("campaign_cancel_leftovers"))
+    return row[1]
+
+
+def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) -> int:
+    """Put the failed jobs of ``reason`` back in line; returns how many."""
+    if reason in NEVER_REQUEUED:
+        raise InvalidInput(f"--reason {reason}: jobs failed as {reason} are about the address itself and are "
+                           f"never requeued ({', '.join(NEVER_REQUEUED)})")
+    with conn.transaction():
+        row = conn.execute(query("campaign_requeue"), {"campaign_id": campaign_id, "reason": reason}).fetchone()
+        if row is None:
+            status = get_campaign(conn, campaign_id).status
+            raise InvalidState(f"campaign {campaign_id} is {status}: only a sending, paused or finished campaign "
+                               "can be requeued")
+        if row[2]:
+            conn.execute(query("notify_jobs"), {"broadcast_id": row[1]})
+        else:
+            # Nothing to requeue: leave the campaign as it was (finished stays finished).
+            conn.execute(query("campaigns_finish"), {"broadcast_id": row[1]})
+    return row[2]
 
 
 def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:

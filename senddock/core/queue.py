@@ -182,6 +182,14 @@ class Queue:
                 self.conn.execute(query("broadcasts_finished_mark"), {"broadcast_ids": [b for _, b in finished]})
         return finished
 
+    def start_scheduled(self) -> list[tuple[int, int]]:
+        """Scheduled campaigns whose time has come start sending: (campaign id, broadcast id)."""
+        return self.conn.execute(query("campaigns_start_scheduled")).fetchall()
+
+    def cancel_leftovers(self) -> int:
+        """Fail the jobs workers put back after their campaign was cancelled."""
+        return len(self.conn.execute(query("campaign_cancel_leftovers")).fetchall())
+
     def due_work_exists(self) -> bool:
         return self.conn.execute(query("due_work_exists")).fetchone()[0]
 

@@ -2,7 +2,8 @@
 
 Start: register the node and take its lock, recover at once what earlier incarnations of this
 node's name left behind, start the workers. Every poll interval: recover the jobs of nodes whose
-lease ran out, re-run bounce hooks that did not complete, finish campaigns with nothing left.
+lease ran out, start scheduled campaigns whose time has come, fail what cancelled campaigns left
+behind, re-run bounce hooks that did not complete, finish campaigns with nothing left.
 Stop (SIGTERM, Ctrl-C, or idle with --exit-when-idle): stop claiming, let in-flight sends finish
 within the shutdown timeout, put claimed-but-unstarted jobs back, mark the node stopped.
 """
@@ -193,8 +194,12 @@ class Runner:
                     log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
                                 in_doubt=job.in_doubt, failure_reason=job.failure_reason, dead_node=job.dead_node)
                 self.stats.count("recovered", len(recovered))
-                if recovered:
+                started = queue.start_scheduled()
+                for campaign_id, broadcast_id in started:
+                    log.info("campaign_started", campaign_id=campaign_id, broadcast_id=broadcast_id, scheduled=True)
+                if recovered or started:
                     self.wake_workers()
+                queue.cancel_leftovers()
                 for row in queue.pending_bounces(recovery.lease):
                     self.run_bounce_hooks(Bounce(
                         email=row["email"], kind=BounceKind.BOUNCE, source=BounceSource.TRANSPORT, code=row["code"],

@@ -141,14 +141,24 @@ UPDATE broadcasts
  WHERE id = %(broadcast_id)s;
 
 -- name: campaign_start
--- A broadcast with nobody to send to is finished at once.
+-- A broadcast with nobody to send to is finished at once; one sent for later waits 'scheduled'
+-- (its jobs are enqueued now, so the count is known; nothing claims them before send_at).
 UPDATE campaigns
-   SET status = CASE WHEN %(enqueued)s = 0 THEN 'finished' ELSE 'sending' END,
+   SET status = CASE WHEN %(enqueued)s = 0 THEN 'finished'
+                     WHEN %(send_at)s::timestamptz > now() THEN 'scheduled'
+                     ELSE 'sending' END,
        broadcast_id = %(broadcast_id)s,
-       started_at = now(),
+       send_at = %(send_at)s::timestamptz,
+       started_at = CASE WHEN %(send_at)s::timestamptz > now() THEN NULL ELSE now() END,
        finished_at = CASE WHEN %(enqueued)s = 0 THEN now() END,
        updated_at = now()
  WHERE id = %(campaign_id)s;
+
+-- name: campaigns_start_scheduled
+-- From the poll of every node: scheduled campaigns whose time has come start sending.
+UPDATE campaigns SET status = 'sending', started_at = now(), updated_at = now()
+ WHERE status = 'scheduled' AND send_at <= now()
+RETURNING id, broadcast_id;
 
 -- name: notify_jobs
 SELECT pg_notify('senddock_jobs', %(broadcast_id)s::text);
@@ -404,12 +414,57 @@ SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS i
 FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
 
 -- name: campaign_pause
+-- Scheduled campaigns can be paused too: resume then sends them at once.
 UPDATE campaigns SET status = 'paused', paused_reason = %(reason)s, updated_at = now()
- WHERE id = %(campaign_id)s AND status = 'sending'
+ WHERE id = %(campaign_id)s AND status IN ('sending', 'scheduled')
 RETURNING id;
 
+-- name: campaign_cancel
+-- Unsent jobs are failed as cancelled; sent ones are untouched; in-flight sends finish (their
+-- workers see the status and put back what they had not started, which campaign_cancel_leftovers
+-- then fails too).
+WITH campaign AS (
+    UPDATE campaigns SET status = 'cancelled', paused_reason = NULL, finished_at = now(), updated_at = now()
+     WHERE id = %(campaign_id)s AND status IN ('draft', 'scheduled', 'sending', 'paused')
+    RETURNING id, broadcast_id
+), cancelled AS (
+    UPDATE broadcast_jobs j SET status = 'failed', failure_reason = 'cancelled'
+      FROM campaign c
+     WHERE j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry')
+    RETURNING j.id
+)
+SELECT c.id, (SELECT count(*) FROM cancelled) AS jobs FROM campaign c;
+
+-- name: campaign_cancel_leftovers
+-- Jobs a worker put back after its campaign was cancelled (from the poll, and after a cancel).
+UPDATE broadcast_jobs j SET status = 'failed', failure_reason = 'cancelled'
+  FROM campaigns c
+ WHERE c.status = 'cancelled' AND j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry')
+RETURNING j.id;
+
+-- name: campaign_requeue
+-- After fixing a sending problem: the failed jobs of one reason go back in line as due retries
+-- (their attempts stay counted), never for an address suppressed since, and the campaign sends
+-- again until they are done. Reasons about the address itself are refused before this runs.
+WITH campaign AS (
+    UPDATE campaigns SET status = 'sending', paused_reason = NULL, finished_at = NULL, updated_at = now()
+     WHERE id = %(campaign_id)s AND status IN ('sending', 'paused', 'finished')
+    RETURNING id, broadcast_id
+), requeued AS (
+    UPDATE broadcast_jobs j
+       SET status = 'retry', failure_reason = NULL, next_attempt_at = now()
+      FROM campaign c
+     WHERE j.broadcast_id = c.broadcast_id AND j.status = 'failed' AND j.failure_reason = %(reason)s
+       AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(j.email))
+    RETURNING j.id
+), reopened AS (
+    UPDATE broadcasts b SET finished_at = NULL FROM campaign c WHERE b.id = c.broadcast_id
+)
+SELECT c.id, c.broadcast_id, (SELECT count(*) FROM requeued) AS jobs FROM campaign c;
+
 -- name: campaign_resume
-UPDATE campaigns SET status = 'sending', paused_reason = NULL, updated_at = now()
+UPDATE campaigns SET status = 'sending', paused_reason = NULL, started_at = coalesce(started_at, now()),
+       updated_at = now()
  WHERE id = %(campaign_id)s AND status = 'paused'
 RETURNING id;
 

@@ -1,0 +1,54 @@
+"""Controlling a campaign in flight: pause, resume, requeue, cancel; its delivery log."""
+
+from __future__ import annotations
+
+import argparse
+
+from senddock.cli.commands import open_senddock
+from senddock.cli.output import Output, table
+from senddock.errors import EXIT_OK
+
+
+def add_commands(camp, command, positive_int) -> None:
+    command(camp, "pause", campaign_pause, "stop sending a campaign (in-flight sends finish); resume continues it"
+            ).add_argument("id", type=positive_int, metavar="ID")
+    command(camp, "resume", campaign_resume, "continue a paused campaign from where it stopped").add_argument(
+        "id", type=positive_int, metavar="ID")
+    p = command(camp, "requeue", campaign_requeue,
+                "after fixing a sending problem, put the jobs that failed for REASON back in line")
+    p.add_argument("id", type=positive_int, metavar="ID")
+    p.add_argument("--reason", required=True, metavar="REASON",
+                   help="a failure reason from `campaign status` (never bounced, complained, unsubscribed, suppressed)")
+    command(camp, "cancel", campaign_cancel, "fail every unsent job of a campaign as cancelled").add_argument(
+        "id", type=positive_int, metavar="ID")
+
+
+def _status_line(sd, campaign_id: int, what: str, out: Output) -> int:
+    status = sd.campaign_status(campaign_id)
+    out.result(status.as_dict(), f"campaign {campaign_id}: {what}; now {status.status}: {status.sent} sent, "
+                                 f"{status.failed} failed, {status.pending + status.retry + status.sending} to go")
+    return EXIT_OK
+
+
+def campaign_pause(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        sd.pause_campaign(args.id)
+        return _status_line(sd, args.id, "paused (sends in flight finish)", out)
+
+
+def campaign_resume(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        sd.resume_campaign(args.id)
+        return _status_line(sd, args.id, "resumed", out)
+
+
+def campaign_requeue(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        count = sd.requeue_campaign(args.id, args.reason)
+        return _status_line(sd, args.id, f"{count} jobs failed as {args.reason} requeued", out)
+
+
+def campaign_cancel(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        count = sd.cancel_campaign(args.id)
+        return _status_line(sd, args.id, f"cancelled, {count} unsent jobs failed as cancelled", out)
