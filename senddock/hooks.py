@@ -148,8 +148,9 @@ def compute_backoff(
 def parse_provider_event(document: Mapping[str, Any], config: PluginConfig) -> list[ProviderEvent] | None:
     """Read one notification a provider sent after the send: bounces, complaints, deliveries.
 
-    Used by ``senddock events ingest`` and ``senddock serve``'s webhook. The first plugin that
-    recognises the document answers; the others return None.
+    Used by ``senddock events ingest`` and ``senddock serve``'s webhook. The plugin that
+    recognises the document answers. Return None to let other plugins decide; the first non-None
+    result wins.
 
     :param document: one parsed JSON document as received (for SES: an SNS envelope whose
         ``Message`` is a JSON string, or that bare message).
