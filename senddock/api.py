@@ -20,7 +20,7 @@ from typing import Any
 from senddock import mime
 from senddock.compose import Composer
 from senddock.config import Config, load_config
-from senddock.core import campaigns, events, lists, migrations, results, subscribers
+from senddock.core import campaigns, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
     Campaign,
     CampaignStatus,
@@ -30,7 +30,7 @@ from senddock.core.campaigns import (
 from senddock.core.db import Database
 from senddock.core.lists import MailingList
 from senddock.core.subscribers import ImportSummary, Rejection
-from senddock.core.suppressions import Suppressions
+from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
 from senddock.errors import DatabaseError, InvalidInput, NotFound
 from senddock.outcome import (
     CampaignContent,
@@ -277,7 +277,43 @@ class Senddock:
             raise InvalidInput("not a notification any installed plugin reads (e.g. SES via SNS)")
         return events.apply_events(self.db, pm, self.config, self.suppressions, parsed)
 
+    def delivery_log(self, campaign_id: int, *, email: str | None = None, outcome: str | None = None,
+                     in_doubt: bool = False) -> list[dict[str, Any]]:
+        with self._conn() as conn:
+            return campaigns.delivery_log(conn, campaign_id, email=email, outcome=outcome, in_doubt=in_doubt)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        with self._conn() as conn:
+            return nodes.list_nodes(conn, self.config.recovery.lease)
+
+    # -- subscribers -----------------------------------------------------------------------------
+
+    def unsubscribe(self, email: str) -> int:
+        with self._conn() as conn:
+            return subscribers.set_status(conn, email, "unsubscribed")
+
+    def blocklist(self, email: str) -> int:
+        with self._conn() as conn:
+            return subscribers.set_status(conn, email, "blocklisted")
+
+    def subscribers(self, list_name: str | None = None) -> list[dict[str, Any]]:
+        with self._conn() as conn:
+            return subscribers.list_subscribers(conn, list_name)
+
+    def subscriber(self, email: str) -> dict[str, Any]:
+        with self._conn() as conn:
+            return subscribers.show_subscriber(conn, email)
+
     # -- suppressions ----------------------------------------------------------------------------
+
+    def suppressions_list(self, *, reason: str | None = None, search: str | None = None) -> list[dict[str, Any]]:
+        with self._conn() as conn:
+            return list_suppressions(conn, reason=reason, search=search)
+
+    def unsuppress(self, email: str) -> bool:
+        """Future campaigns may reach the address again; nothing already failed is resent."""
+        with self._conn() as conn:
+            return remove_suppression(conn, email)
 
     def suppress(self, email: str, *, reason: str = "manual") -> bool:
         self.ensure_schema()

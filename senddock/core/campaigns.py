@@ -274,3 +274,15 @@ def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:
             raise InvalidState(f"campaign {campaign_id} is {status}, not paused: only a paused campaign can be resumed")
         broadcast_id = get_campaign(conn, campaign_id).broadcast_id
         conn.execute(query("notify_jobs"), {"broadcast_id": broadcast_id})
+
+
+def delivery_log(conn: psycopg.Connection, campaign_id: int, *, email: str | None = None, outcome: str | None = None,
+                 in_doubt: bool = False) -> list[dict[str, Any]]:
+    """Every attempt of the campaign's broadcast, oldest first; ``in_doubt``: only the attempts
+    of recipients who may have received two copies."""
+    broadcast_id = get_campaign(conn, campaign_id).broadcast_id
+    if broadcast_id is None:
+        return []
+    params = {"broadcast_id": broadcast_id, "email": email, "outcome": outcome, "in_doubt": in_doubt}
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("delivery_log"), params).fetchall()

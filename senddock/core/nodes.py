@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import psycopg
 import structlog
+from psycopg.rows import dict_row
 
 from senddock.config import Config
 from senddock.core.db import Database
@@ -144,3 +145,9 @@ class Lifeline(threading.Thread):
         conn.execute(query("node_heartbeat"), {"node_id": self._node.id})
         self._last_ok = sent
 
+
+
+def list_nodes(conn: psycopg.Connection, lease: float) -> list[dict]:
+    """Live nodes and those seen in the last day: heartbeat age, jobs in flight, alive or not."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("nodes_list"), {"lease": lease}).fetchall()

@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from senddock.addresses import check_address
 from senddock.core.lists import get_list
 from senddock.core.queries import query
-from senddock.errors import InvalidInput
+from senddock.errors import InvalidInput, NotFound
 
 
 @dataclass(frozen=True)
@@ -162,3 +163,27 @@ def unsubscribe(conn: psycopg.Connection, subscriber_id: int, campaign_id: int) 
     """Unsubscribe and suppress; the subscriber's address, or None when there is no such subscriber."""
     row = conn.execute(query("subscriber_unsubscribe"), {"subscriber_id": subscriber_id, "campaign_id": campaign_id}).fetchone()
     return row[0] if row else None
+
+
+def set_status(conn: psycopg.Connection, email: str, status: str) -> int:
+    """``unsubscribed`` or ``blocklisted``, the address suppressed with it; the subscriber's id."""
+    reason = {"unsubscribed": "unsubscribed", "blocklisted": "manual"}[status]
+    row = conn.execute(query("subscriber_set_status"), {
+        "email": email, "status": status, "reason": reason, "diagnostic": f"{status} by the operator"}).fetchone()
+    if row is None:
+        raise NotFound(f"no subscriber {email}")
+    return row[0]
+
+
+def list_subscribers(conn: psycopg.Connection, list_name: str | None = None) -> list[dict[str, Any]]:
+    list_id = get_list(conn, list_name).id if list_name else None
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("subscriber_list"), {"list_id": list_id}).fetchall()
+
+
+def show_subscriber(conn: psycopg.Connection, email: str) -> dict[str, Any]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        found = cur.execute(query("subscriber_show"), {"email": email}).fetchone()
+    if found is None:
+        raise NotFound(f"no subscriber {email}")
+    return found

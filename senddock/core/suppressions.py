@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import psycopg
 import structlog
+from psycopg.rows import dict_row
 
 from senddock.addresses import check_address
 from senddock.core.db import Database
@@ -37,3 +39,13 @@ class Suppressions:
         if added:
             log.info("address_suppressed", email=email, reason=reason, code=code, broadcast_id=broadcast_id)
         return added
+
+
+def list_suppressions(conn: psycopg.Connection, *, reason: str | None = None, search: str | None = None) -> list[dict]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("suppression_list"), {"reason": reason, "search": search}).fetchall()
+
+
+def remove_suppression(conn: psycopg.Connection, email: str) -> bool:
+    """Future campaigns may reach the address again; nothing already failed is resent."""
+    return conn.execute(query("suppression_remove"), {"email": email}).fetchone() is not None

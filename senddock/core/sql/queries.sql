@@ -603,3 +603,70 @@ SELECT id, hooks_done, false FROM delivery_events
 
 -- name: event_hooks_done
 UPDATE delivery_events SET hooks_done = true WHERE id = %(event_id)s;
+
+-- ---------------------------------------------------------------------------------------------
+-- Operator views: suppressions, subscribers, the delivery log, nodes.
+
+-- name: suppression_list
+SELECT email, reason, code, diagnostic, source_broadcast_id, created_at
+  FROM suppressions
+ WHERE (%(reason)s::text IS NULL OR reason = %(reason)s)
+   AND (%(search)s::text IS NULL OR email ILIKE '%%' || %(search)s || '%%')
+ ORDER BY created_at, id;
+
+-- name: suppression_remove
+-- Only future campaigns are affected: nothing already failed as suppressed is sent again.
+DELETE FROM suppressions WHERE lower(email) = lower(%(email)s) RETURNING email;
+
+-- name: subscriber_set_status
+-- unsubscribe or blocklist by address; the address is suppressed in the same statement.
+WITH target AS (
+    UPDATE subscribers SET status = %(status)s, updated_at = now()
+     WHERE lower(email) = lower(%(email)s)
+    RETURNING id, email
+), suppressed AS (
+    INSERT INTO suppressions (email, reason, diagnostic)
+    SELECT email, %(reason)s, %(diagnostic)s FROM target
+    ON CONFLICT ((lower(email))) DO NOTHING
+)
+SELECT id, email FROM target;
+
+-- name: subscriber_list
+SELECT s.id, s.email, s.name, s.status, s.attributes, s.created_at
+  FROM subscribers s
+ WHERE %(list_id)s::bigint IS NULL
+    OR EXISTS (SELECT 1 FROM list_members m WHERE m.subscriber_id = s.id AND m.list_id = %(list_id)s)
+ ORDER BY s.id;
+
+-- name: subscriber_show
+SELECT s.id, s.email, s.name, s.status, s.attributes, s.created_at,
+       coalesce((SELECT array_agg(l.name ORDER BY l.name) FROM list_members m JOIN lists l ON l.id = m.list_id
+                  WHERE m.subscriber_id = s.id), '{}') AS lists,
+       x.reason AS suppressed_reason, x.code AS suppressed_code, x.diagnostic AS suppressed_diagnostic,
+       x.created_at AS suppressed_at, x.source_broadcast_id AS suppressed_by_broadcast
+  FROM subscribers s
+  LEFT JOIN suppressions x ON lower(x.email) = lower(s.email)
+ WHERE lower(s.email) = lower(%(email)s);
+
+-- name: delivery_log
+-- Every attempt of a campaign's broadcast; --in-doubt keeps the recipients who may have got two
+-- copies (an attempt recorded as in doubt, and the job sent in the end).
+SELECT a.finished_at AS at, j.email, a.attempt, a.node, a.outcome, a.in_doubt, a.phase, a.smtp_code AS code,
+       a.enhanced_code, a.message, a.provider_message_id, a.claim_lost, a.job_id
+  FROM delivery_attempts a
+  JOIN broadcast_jobs j ON j.id = a.job_id
+ WHERE a.broadcast_id = %(broadcast_id)s
+   AND (%(email)s::text IS NULL OR lower(j.email) = lower(%(email)s))
+   AND (%(outcome)s::text IS NULL OR a.outcome = %(outcome)s)
+   AND (NOT %(in_doubt)s OR (a.in_doubt AND j.status = 'sent'))
+ ORDER BY a.finished_at, a.id;
+
+-- name: nodes_list
+-- Live nodes and those seen in the last day, with their jobs in flight.
+SELECT n.name, n.id, n.host, n.pid, n.started_at, n.stopped_at,
+       extract(epoch FROM now() - n.heartbeat_at)::float8 AS heartbeat_age,
+       (SELECT count(*) FROM broadcast_jobs j WHERE j.status = 'sending' AND j.claimed_by = n.id) AS in_flight,
+       n.stopped_at IS NULL AND n.heartbeat_at > now() - make_interval(secs => %(lease)s::float8) AS alive
+  FROM nodes n
+ WHERE n.stopped_at IS NULL OR n.heartbeat_at > now() - interval '1 day'
+ ORDER BY n.started_at DESC;
