@@ -6,8 +6,9 @@ test gets its own database, created from a template that has senddock's schema a
 (``CREATE DATABASE ... TEMPLATE``: fast, and tests cannot see each other's rows).
 
 Fixtures: ``postgres_server_dsn`` (session), ``database_dsn``, ``make_config``, ``senddock_app``,
-``smtp_sink``. Helpers: :func:`drain` runs broadcasts to the end in-process; :func:`fast_settings`
-gives timings short enough for tests.
+``smtp_sink``. Helpers: :func:`send_broadcast` creates and enqueues a campaign to some addresses,
+:func:`drain` runs broadcasts to the end in-process, :func:`fast_settings` gives timings short
+enough for tests. ``examples/senddock-maildir`` shows a plugin package tested with them.
 """
 
 from __future__ import annotations
@@ -151,6 +152,33 @@ def fast_settings(smtp_port: int | None = None, **overrides: Any) -> dict[str, A
         else:
             settings[key] = value
     return settings
+
+
+def send_broadcast(
+    app: Any,
+    emails: list[str],
+    *,
+    list_name: str = "news",
+    send: bool = True,
+    name: str = "Launch",
+    subject: str = "Hello",
+    text: str = "Hello there",
+) -> int:
+    """A list with ``emails``, a text campaign to it, sent (enqueued) unless ``send`` is False;
+    returns the campaign id. ``app`` is a :class:`senddock.api.Senddock`; run it with :func:`drain`."""
+    from senddock.errors import InvalidInput
+
+    try:
+        app.create_list(list_name)
+    except InvalidInput:
+        pass  # the list exists already
+    for email in emails:
+        app.add_subscriber(email, lists=[list_name])
+    campaign_id = app.create_campaign(name=name, lists=[list_name], subject=subject,
+                                      from_addr="News <news@example.com>", text_body=text)
+    if send:
+        app.send_campaign(campaign_id)
+    return campaign_id
 
 
 def drain(config: Config, *, timeout: float = 60, workers: int | None = None, node_name: str | None = None) -> dict[str, int]:

@@ -41,21 +41,11 @@ def senddock_executable() -> str:
     return str(candidate) if candidate.exists() else "senddock"
 
 
-def make_broadcast(app, emails, *, list_name: str = "news", send: bool = True, name: str = "Launch") -> int:
-    """A list with ``emails``, a text campaign to it, sent (enqueued) unless ``send`` is False."""
-    from senddock.errors import InvalidInput
+def make_broadcast(app, emails, **options) -> int:
+    """senddock.testing.send_broadcast (imported late: pytest loads that module as a plugin)."""
+    from senddock.testing import send_broadcast
 
-    try:
-        app.create_list(list_name)
-    except InvalidInput:
-        pass  # the list exists already
-    for email in emails:
-        app.add_subscriber(email, lists=[list_name])
-    campaign_id = app.create_campaign(name=name, lists=[list_name], subject="Hello", from_addr="News <news@example.com>",
-                                      text_body="Hello there")
-    if send:
-        app.send_campaign(campaign_id)
-    return campaign_id
+    return send_broadcast(app, emails, **options)
 
 
 def jobs_by_email(app, campaign_id: int) -> dict[str, tuple]:

@@ -1,0 +1,1 @@
+"""Example senddock plugins: a Maildir transport and a steady retry backoff."""
