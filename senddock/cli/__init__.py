@@ -110,8 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--at", type=_aware_time, metavar="TIME",
                    help="send at this time (ISO 8601 with its zone, e.g. 2026-12-24T09:00:00+01:00); nothing "
                         "is claimed before then")
-    command(camp, "status", commands.campaign_status, "counts of the campaign's broadcast").add_argument(
-        "id", type=_positive_int, metavar="ID")
+    p = command(camp, "status", commands.campaign_status, "counts of the campaign's broadcast")
+    p.add_argument("id", type=_positive_int, metavar="ID")
+    p.add_argument("--watch", action="store_true",
+                   help="follow it until it is finished, paused or cancelled (a live view on a terminal)")
+    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
     engine.add_commands(sub, camp, command, _positive_int)
     mail.add_commands(sub, camp, command, _positive_int)
     control.add_commands(camp, command, _positive_int)

@@ -196,6 +196,11 @@ def campaign_send(args: argparse.Namespace, out: Output) -> int:
 
 
 def campaign_status(args: argparse.Namespace, out: Output) -> int:
+    if args.watch:
+        from senddock.cli.watch import watch
+
+        with open_senddock(args) as sd:
+            return watch(sd, args.id, out, interval=args.interval)
     with open_senddock(args) as sd:
         status = sd.campaign_status(args.id)
 
