@@ -37,11 +37,12 @@ class UnsubscribeSettings:
 
 @dataclass(frozen=True)
 class PreparedCampaign:
-    """What is computed once per campaign: compiled templates and the sender's domain."""
+    """What is computed once per campaign: compiled templates, the sender's domain, List-Id."""
 
     content: CampaignContent
     templates: CampaignTemplates
     domain: str
+    list_id: str
 
 
 class Composer:
@@ -60,7 +61,9 @@ class Composer:
                 content=content,
                 templates=CampaignTemplates.compile(content.subject, content.text_body, content.html_body),
                 # Parsed once per campaign: address parsing costs more than the rest of a Message.
-                domain=mime.sender_domain(content.from_addr),
+                domain=(domain := mime.sender_domain(content.from_addr)),
+                # RFC 2919: one id per list, stable across campaigns, so receivers can group and filter.
+                list_id=mime.list_id(content.list_name, content.list_id, domain),
             )
             with self._lock:
                 self._prepared[content.campaign_id] = prepared
@@ -108,8 +111,7 @@ class Composer:
     def _headers(prepared: PreparedCampaign, links: Mapping[str, str], broadcast_id: int, job_id: int) -> dict[str, Any]:
         campaign = prepared.content
         headers = {
-            # RFC 2919: one id per list, stable across campaigns, so receivers can group and filter.
-            "List-Id": mime.list_id(campaign.list_name, campaign.list_id, prepared.domain),
+            "List-Id": prepared.list_id,
             # Gmail's feedback loop groups complaints by these fields.
             "Feedback-ID": f"{campaign.campaign_id}:{broadcast_id}:senddock:{prepared.domain}",
             # Lets bounces and complaints that quote the message be matched back to the job.
