@@ -64,3 +64,9 @@ def test_html_only_gets_a_text_part_with_its_links():
     assert rendered.text_body.splitlines()[0] == "News"
     assert "* one" in rendered.text_body and "* two" in rendered.text_body
     assert "https://x.example/a" in rendered.text_body
+
+
+@pytest.mark.parametrize("source", ["Plain text, no markup", "<p>a & b</p>", "trailing newline\n", ""])
+def test_a_template_without_jinja_syntax_renders_to_itself(source):
+    rendered = render(source or "s", text=source, html=source)
+    assert rendered.text_body == source and rendered.html_body == source
