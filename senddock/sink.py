@@ -50,6 +50,7 @@ class Received:
     message_id: str
     subject: str
     data: bytes
+    peer: tuple = ()  # the client's (host, port): one per SMTP connection
 
 
 @dataclass
@@ -93,6 +94,7 @@ class SinkHandler:
             message_id=str(parsed.get("Message-ID", "")),
             subject=str(parsed.get("Subject", "")),
             data=data,
+            peer=tuple(session.peer or ()),
         )
         with self._lock:
             self.received.append(received)

@@ -19,6 +19,7 @@ from tests_support import (
     dkim_key,
     dns_for,
     jobs_by_email,
+    make_broadcast,
     senddock_executable,
     suppressed,
     wait_for,
@@ -26,7 +27,7 @@ from tests_support import (
 
 from senddock import mime
 from senddock.api import Senddock
-from senddock.sink import Sink, _free_port
+from senddock.sink import FailRule, Sink, _free_port
 from senddock.testing import drain, fast_settings
 from senddock.unsubscribe import read_token
 
@@ -227,3 +228,24 @@ def _get(url, context):
 
 def _post(url, context):
     return _request(url, context, b"List-Unsubscribe=One-Click")
+
+
+def test_connections_are_reused_and_reopened_after_max_messages_and_after_a_421(make_config, smtp_sink):
+    """One worker: messages share a connection up to max_messages_per_connection; a 421 (the
+    server closing the session) makes the next message open a fresh one."""
+    smtp_sink.handler.rules = [FailRule.parse("user4@*=421 4.7.0 closing connection")]
+    settings = fast_settings(smtp_sink.port, workers=1, claim_batch=20)
+    settings["smtp"]["max_messages_per_connection"] = 3
+    app = Senddock(make_config(settings))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(10)])
+    drain(app.config)
+    by_connection: dict[tuple, list[str]] = {}
+    for message in smtp_sink.received:
+        by_connection.setdefault(message.peer, []).append(message.recipients[0].split("@")[0])
+    # Sent in id order: three per connection; user4's 421 ends the second one after user3.
+    assert list(by_connection.values()) == [["user0", "user1", "user2"], ["user3"], ["user5", "user6", "user7"],
+                                            ["user8", "user9"]]
+    # user4 is answered 421 every time: retried, then failed, never suppressed.
+    assert jobs_by_email(app, campaign_id)["user4@example.com"] == ("failed", "retries_exhausted", 3)
+    assert suppressed(app) == {}
+    app.close()
