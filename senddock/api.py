@@ -288,11 +288,12 @@ class Senddock:
 
     # -- subscribers -----------------------------------------------------------------------------
 
-    def unsubscribe(self, email: str) -> int:
+    def unsubscribe(self, email: str) -> str:
+        """Unsubscribe and suppress; returns the status now (a blocklisted subscriber stays so)."""
         with self._conn() as conn:
             return subscribers.set_status(conn, email, "unsubscribed")
 
-    def blocklist(self, email: str) -> int:
+    def blocklist(self, email: str) -> str:
         with self._conn() as conn:
             return subscribers.set_status(conn, email, "blocklisted")
 

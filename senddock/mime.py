@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Collection
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.policy import SMTP
@@ -117,8 +118,12 @@ def build_email(message: Message, *, message_id_domain: str | None = None) -> Em
     return email
 
 
-def message_bytes(message: Message, *, message_id_domain: str | None = None) -> bytes:
-    """The finished message as sent: built, then signed when a signer is configured (DKIM)."""
+def message_bytes(message: Message, *, message_id_domain: str | None = None,
+                  unsigned_headers: Collection[str] = ()) -> bytes:
+    """The finished message as sent: built, then signed when a signer is configured (DKIM).
+
+    ``unsigned_headers``: headers the transport's provider rewrites, left out of the signature.
+    """
     data = build_email(message, message_id_domain=message_id_domain).as_bytes()
-    return message.signer.sign(data) if message.signer is not None else data
+    return message.signer.sign(data, exclude=unsigned_headers) if message.signer is not None else data
 

@@ -7,7 +7,7 @@ frozen and free of I/O, so a plugin can build them in tests without a database.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -49,8 +49,9 @@ class RenderedContent:
 class MessageSigner(Protocol):
     """Signs a finished message (DKIM); ``senddock.mime.message_bytes`` applies it."""
 
-    def sign(self, message: bytes) -> bytes:
-        """The message with its signature header(s) prepended."""
+    def sign(self, message: bytes, *, exclude: Collection[str] = ()) -> bytes:
+        """The message with its signature header(s) prepended; ``exclude``: header names a
+        transport's provider rewrites, left out of the signature so it stays valid."""
 
 
 @dataclass(frozen=True)

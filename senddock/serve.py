@@ -8,8 +8,8 @@
   prefetchers follow every URL in a message.
 * A malformed or tampered token is answered 400 and changes nothing.
 * ``GET /healthz`` for load balancers: 200 when the database answers.
-* ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The SNS signature is
-  verified first (403 and nothing applied otherwise); a subscription is confirmed; a notification
+* ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The topic must be one
+  of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise); a subscription is confirmed; a notification
   is applied as ``senddock events ingest`` would. One about a message no job sent (yet) is
   answered 503, so SNS delivers it again later; a malformed one 400.
 
@@ -95,6 +95,7 @@ def create_app(config: Config, db: Database) -> Starlette:
     verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()})
     suppressions = Suppressions(db)
     pm = config.plugin_manager
+    topics = set(config.section("serve").get("sns_topic_arns", []))
 
     async def ses_webhook(request: Request) -> JSONResponse:
         try:
@@ -103,6 +104,11 @@ def create_app(config: Config, db: Database) -> Starlette:
             return JSONResponse({"error": "not JSON"}, status_code=400)
         if not isinstance(document, dict):
             return JSONResponse({"error": "not a JSON object"}, status_code=400)
+        # Anyone can sign with SNS's key by publishing to a topic of their own: only the topics
+        # configured here are believed, before any subscription is confirmed or event applied.
+        if document.get("TopicArn") not in topics:
+            log.warning("sns_refused", reason="topic not in serve.sns_topic_arns", topic=document.get("TopicArn"))
+            return JSONResponse({"error": "refused: topic not in serve.sns_topic_arns"}, status_code=403)
         try:
             await run_in_threadpool(verifier.verify, document)
         except SignatureError as exc:

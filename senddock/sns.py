@@ -24,7 +24,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 
-_SNS_HOST = re.compile(r"^sns\.[a-z0-9-]+\.amazonaws\.com(\.cn)?$")
+# A region's SNS endpoint only (sns.us-east-1.amazonaws.com, sns.us-gov-west-1..., sns.cn-north-1
+# ...amazonaws.com.cn): a looser pattern would also match S3 bucket hosts anyone can serve from.
+_SNS_HOST = re.compile(r"sns\.[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+\.amazonaws\.com(\.cn)?")
 _SIGNED_FIELDS = {
     "Notification": ("Message", "MessageId", "Subject", "Timestamp", "TopicArn", "Type"),
     "SubscriptionConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type"),
@@ -39,7 +41,7 @@ class SignatureError(Exception):
 
 def is_sns_url(url: str) -> bool:
     parsed = urlparse(url)
-    return parsed.scheme == "https" and bool(parsed.hostname and _SNS_HOST.match(parsed.hostname))
+    return parsed.scheme == "https" and bool(parsed.hostname and _SNS_HOST.fullmatch(parsed.hostname))
 
 
 def string_to_sign(message: Mapping[str, Any]) -> bytes:

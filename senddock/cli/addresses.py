@@ -143,8 +143,8 @@ def suppressions_export(args: argparse.Namespace, out: Output) -> int:
 
 def subscribers_unsubscribe(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
-        sd.unsubscribe(args.email)
-    out.result({"email": args.email, "status": "unsubscribed"}, f"{args.email}: unsubscribed and suppressed")
+        status = sd.unsubscribe(args.email)
+    out.result({"email": args.email, "status": status}, f"{args.email}: {status} and suppressed")
     return EXIT_OK
 
 

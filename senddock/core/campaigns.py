@@ -260,9 +260,6 @@ def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) ->
                                "can be requeued")
         if row[2]:
             conn.execute(query("notify_jobs"), {"broadcast_id": row[1]})
-        else:
-            # Nothing to requeue: leave the campaign as it was (finished stays finished).
-            conn.execute(query("campaigns_finish"), {"broadcast_id": row[1]})
     return row[2]
 
 

@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.queries import query
+from senddock.mime import ascii_address
 from senddock.outcome import (
     Bounce,
     BounceKind,
@@ -67,9 +68,9 @@ def apply_events(
         if _run_hooks(pm, config, suppressions, event, job):
             with db.connection() as conn:
                 conn.execute(query("event_hooks_done"), {"event_id": row["id"]})
-            applied.suppressed.append(event.email)
+            applied.suppressed.append(job["email"])
         else:
-            applied.hooks_failed.append(event.email)
+            applied.hooks_failed.append(job["email"])
     return applied
 
 
@@ -81,7 +82,8 @@ def _job_for(conn: psycopg.Connection, event: ProviderEvent) -> dict[str, Any]:
                               {"provider_message_id": event.provider_message_id}).fetchone()
         if job is None and event.job_id is not None:
             job = cur.execute(query("event_job_by_id"), {"job_id": event.job_id}).fetchone()
-    if job is None or job["email"].lower() != event.email.lower():
+    # Transports send internationalised domains in their IDNA form, which is what providers report.
+    if job is None or ascii_address(job["email"]).lower() != ascii_address(event.email).lower():
         what = f"message id {event.provider_message_id}" if event.provider_message_id else f"job {event.job_id}"
         raise UnknownMessage(f"no job sent {what} to {event.email}")
     return job
@@ -101,7 +103,7 @@ def _record(conn: psycopg.Connection, event: ProviderEvent, job: dict[str, Any])
 def _run_hooks(pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList, event: ProviderEvent,
                job: dict[str, Any]) -> bool:
     bounce = Bounce(
-        email=event.email,
+        email=job["email"],  # as senddock stores it: the provider may spell the domain in IDNA form
         kind=BounceKind.COMPLAINT if event.kind == "complaint" else BounceKind.BOUNCE,
         source=BounceSource.NOTIFICATION,
         enhanced_code=event.sub_type,

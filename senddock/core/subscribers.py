@@ -165,14 +165,15 @@ def unsubscribe(conn: psycopg.Connection, subscriber_id: int, campaign_id: int) 
     return row[0] if row else None
 
 
-def set_status(conn: psycopg.Connection, email: str, status: str) -> int:
-    """``unsubscribed`` or ``blocklisted``, the address suppressed with it; the subscriber's id."""
+def set_status(conn: psycopg.Connection, email: str, status: str) -> str:
+    """``unsubscribed`` or ``blocklisted``, the address suppressed with it; returns the status the
+    subscriber has now (a blocklisted subscriber stays blocklisted when unsubscribed)."""
     reason = {"unsubscribed": "unsubscribed", "blocklisted": "manual"}[status]
     row = conn.execute(query("subscriber_set_status"), {
         "email": email, "status": status, "reason": reason, "diagnostic": f"{status} by the operator"}).fetchone()
     if row is None:
         raise NotFound(f"no subscriber {email}")
-    return row[0]
+    return row[2]
 
 
 def list_subscribers(conn: psycopg.Connection, list_name: str | None = None) -> list[dict[str, Any]]:

@@ -46,9 +46,12 @@ class Worker(threading.Thread):
         self._campaigns: dict[int, CampaignContent] = {}
         # True from the moment a send begins until its result is committed.
         self._sending = False
-        # Batches lost with a connection before any send began, still held (so orphan recovery
-        # leaves them alone) until they are put back on the next connection.
-        self._unstarted: set[uuid.UUID] = set()
+        # Ids of the current batch's jobs whose send began (their results may not be durable).
+        self._begun: set[int] = set()
+        # Batches whose connection broke between sends: token -> the jobs never started (None: the
+        # claim's reply was lost, so none of it started). Their tokens stay held, so orphan
+        # recovery leaves them alone, until they are put back on the next connection.
+        self._unstarted: dict[uuid.UUID, list[ClaimedJob] | None] = {}
 
     def run(self) -> None:
         runner = self.runner
@@ -79,9 +82,9 @@ class Worker(threading.Thread):
                 log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
 
     def _put_back_unstarted(self, queue: Queue) -> None:
-        for token in list(self._unstarted):
-            released = queue.release_claim(token)
-            self._unstarted.discard(token)
+        for token, jobs in list(self._unstarted.items()):
+            released = queue.release_claim(token) if jobs is None else queue.release(jobs)
+            del self._unstarted[token]
             self.runner.held_tokens.discard(token)
             if released:
                 log.info("batch_put_back", worker=self.index, jobs=released)
@@ -112,7 +115,9 @@ class Worker(threading.Thread):
             token = uuid.uuid4()
             runner.held_tokens.add(token)
             self._sending = False
+            self._begun = set()
             keep_held = False
+            batch = None
             try:
                 batch = queue.claim(runner.config.claim_batch, token)
                 for job in batch:
@@ -125,12 +130,14 @@ class Worker(threading.Thread):
                     # The queue is running dry: the last results may have finished a campaign.
                     runner.finish_campaigns(queue, {j.broadcast_id for j in batch})
             except psycopg.OperationalError:
-                # The connection broke with no send in flight (in the claim, or between sends):
-                # nothing of this batch that is still 'sending' has begun. Put it back on the
-                # next connection instead of leaving it to be recovered as in doubt.
+                # The connection broke with no send in flight (in the claim, or between sends).
+                # The jobs whose send never began go back as they were on the next connection;
+                # those that began stay 'sending' for orphan recovery, in doubt: with results
+                # committed asynchronously, a Postgres crash may have lost one that went out.
                 keep_held = not self._sending
                 if keep_held:
-                    self._unstarted.add(token)
+                    self._unstarted[token] = None if batch is None else [
+                        j for j in batch if j.id not in self._begun and not j.suppressed]
                 raise
             finally:
                 if not keep_held:
@@ -167,6 +174,7 @@ class Worker(threading.Thread):
             result, verdict = results.template_failure(exc)
         else:
             self._sending = True
+            self._begun.add(job.id)
             result = results.send(runner.pm, runner.config, message, self._state)
             verdict = results.classify(runner.pm, runner.config, result, message)
         age = (started_at - (job.first_attempt_at or started_at)).total_seconds()

@@ -57,6 +57,8 @@ def test_unsubscribe_blocklist_and_show(cli, config_file, tmp_path):
     campaign = make_campaign(cli, config_file, tmp_path, rows=3)
     assert cli("subscribers", "unsubscribe", "p0@example.com", "-c", config_file).exit_code == 0
     assert cli("subscribers", "blocklist", "p1@example.com", "-c", config_file).exit_code == 0
+    kept = cli("subscribers", "unsubscribe", "p1@example.com", "-c", config_file, "--json")
+    assert kept.json["status"] == "blocklisted"  # never downgraded to merely unsubscribed
     missing = cli("subscribers", "unsubscribe", "nobody@example.com", "-c", config_file)
     assert missing.exit_code == 1 and "no subscriber nobody@example.com" in missing.stderr
     shown = cli("subscribers", "show", "p0@example.com", "-c", config_file, "--json").json

@@ -125,9 +125,26 @@ def test_requeue_after_fixing_the_relay_never_touches_bounces(make_config, smtp_
     assert jobs["bounce1@example.com"][:2] == ("failed", "bounced")
     assert suppressed(app) == {"bounce1@example.com": "bounced"}
     assert app.campaign_status(campaign_id).status == "finished"
-    # Bounced jobs are never requeued: asking for them again changes nothing.
+    # Nothing left of that reason: nothing changes, the campaign stays finished.
     assert app.requeue_campaign(campaign_id, "policy_rejected") == 0
     assert app.campaign_status(campaign_id).status == "finished"
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT finished_at IS NOT NULL FROM broadcasts").fetchone() == (True,)
+    app.close()
+
+
+def test_requeue_keeps_a_paused_campaign_paused(make_config, smtp_sink):
+    smtp_sink.handler.rules = [FailRule.parse("mail:*=554 5.7.1 your IP is on a block list")]
+    app = Senddock(make_config(fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 2},
+                                             workers=1)))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(6)])
+    drain(app.config)
+    status = app.campaign_status(campaign_id)
+    assert status.status == "paused" and status.failed_by_reason.get("policy_rejected", 0) >= 1
+    assert app.requeue_campaign(campaign_id, "typo_reason") == 0
+    assert app.requeue_campaign(campaign_id, "policy_rejected") >= 1
+    after = app.campaign_status(campaign_id)
+    assert (after.status, after.paused_reason) == ("paused", status.paused_reason)  # resume decides
     app.close()
 
 

@@ -186,7 +186,8 @@ def webhook(sent, tmp_path):
     key, cert = signing_key(tmp_path, "sns")
     port = _free_port("127.0.0.1")
     settings = yaml.safe_load(Path(config_path).read_text())
-    settings["serve"] = {"port": port, "sns_certificates": {CERT_URL: str(cert)}}
+    settings["serve"] = {"port": port, "sns_certificates": {CERT_URL: str(cert)},
+                         "sns_topic_arns": ["arn:aws:sns:us-east-1:123:ses"]}
     Path(config_path).write_text(yaml.safe_dump(settings))
     server = subprocess.Popen([senddock_executable(), "serve", "-c", str(config_path)], env=dict(os.environ),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -231,9 +232,12 @@ def test_signed_sns_deliveries_apply_and_forgeries_are_refused(webhook, tmp_path
     assert post(tampered) == 403
     assert suppressed(app) == {}
 
+    other_topic = signed({**note, "TopicArn": "arn:aws:sns:us-east-1:666:attacker"}, key)
+    assert post(other_topic) == 403  # validly signed by SNS, but not a topic of ours
     assert post(b"{not json") == 400
     assert post(signed(sns(bounce("0100-not-yet", "user2@example.com", feedback="fb-9")), key)) == 503  # SNS retries
-    confirm = {"Type": "SubscriptionConfirmation", "MessageId": "m", "Token": "t", "TopicArn": "arn:aws:sns:x",
+    confirm = {"Type": "SubscriptionConfirmation", "MessageId": "m", "Token": "t",
+               "TopicArn": "arn:aws:sns:us-east-1:123:ses",
                "Message": "confirm", "SubscribeURL": "https://evil.example.com/confirm", "Timestamp": "2026-12-02T10:00:00Z"}
     assert post(signed(confirm, key)) == 400  # never follows a SubscribeURL off SNS
 
@@ -243,3 +247,21 @@ def test_signed_sns_deliveries_apply_and_forgeries_are_refused(webhook, tmp_path
     assert suppressed(app) == {"user0@example.com": "bounced", "user3@example.com": "complained"}
     with app.db.connection() as conn:
         assert conn.execute("SELECT count(*) FROM delivery_events").fetchone() == (2,)
+
+
+def test_an_internationalised_domain_matches_in_its_idna_form(cli, make_config, moto_server, tmp_path):  # noqa: F811
+    """Transports send bücher.example as xn--bcher-kva.example; that is what SES reports back."""
+    app = Senddock(make_config(fast_settings(transport="ses_like", ses_like={"endpoint_url": moto_server})))
+    boto3 = pytest.importorskip("boto3")
+    boto3.client("sesv2", region_name="us-east-1", endpoint_url=moto_server).create_email_identity(
+        EmailIdentity="xn--bcher-kva.example")
+    make_broadcast(app, ["leser@bücher.example"])
+    drain(app.config)
+    with app.db.connection() as conn:
+        message_id = conn.execute("SELECT provider_message_id FROM broadcast_jobs").fetchone()[0]
+    path = tmp_path / "idn.jsonl"
+    path.write_text(json.dumps(sns(bounce(message_id, "leser@xn--bcher-kva.example"))) + "\n", encoding="utf-8")
+    result = cli("events", "ingest", path, "-c", app.config.path)
+    assert result.exit_code == 0, result.stderr
+    assert suppressed(app) == {"leser@bücher.example": "bounced"}
+    app.close()

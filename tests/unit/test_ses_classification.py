@@ -32,6 +32,14 @@ def api_error(code: str, message: str, status: int) -> SendResult:
         ("InternalFailure", "internal error", 500, Outcome.RETRY, "provider_error"),
         ("ServiceUnavailable", "try later", 503, Outcome.RETRY, "provider_error"),
         ("InvalidParameterValue", "Missing final '@domain'", 400, Outcome.FAIL, "rejected"),
+        ("AccessDeniedException", "not authorized to perform ses:SendEmail", 403, Outcome.PAUSE,
+         "credentials_refused"),
+        ("UnrecognizedClientException", "The security token included in the request is invalid", 403,
+         Outcome.PAUSE, "credentials_refused"),
+        ("ExpiredTokenException", "The security token included in the request is expired", 403, Outcome.PAUSE,
+         "credentials_refused"),
+        ("SignatureDoesNotMatch", "The request signature we calculated does not match", 403, Outcome.PAUSE,
+         "credentials_refused"),
     ],
 )
 def test_api_error_classification(code, message, status, outcome, reason):

@@ -13,6 +13,7 @@ notification (``senddock events ingest``). So nothing here ever suppresses anyon
 | AccountSuspendedException                                      | pause: account_suspended       |
 | SendingPausedException                                         | pause: sending_paused          |
 | MailFromDomainNotVerifiedException                             | pause: mail_from_not_verified  |
+| AccessDenied, UnrecognizedClient, ExpiredToken, bad signature  | pause: credentials_refused     |
 | MessageRejected                                                | fail: message_rejected         |
 | LimitExceededException, NotFoundException, BadRequestException | fail: configuration problem    |
 | any other 4xx error                                            | fail: rejected                 |
@@ -28,6 +29,12 @@ PAUSE = {
     "AccountSuspendedException": "account_suspended",
     "SendingPausedException": "sending_paused",
     "MailFromDomainNotVerifiedException": "mail_from_not_verified",
+}
+# Our credentials, not any recipient: pause at the first one instead of failing a list.
+CREDENTIALS = {
+    "AccessDenied", "AccessDeniedException", "UnrecognizedClientException", "InvalidClientTokenId",
+    "ExpiredToken", "ExpiredTokenException", "SignatureDoesNotMatch", "IncompleteSignature",
+    "MissingAuthenticationToken",
 }
 # Our request or our setup is wrong: retrying cannot help, and no recipient is at fault.
 CONFIGURATION = {
@@ -61,6 +68,8 @@ def classify(result: SendResult) -> Classification:
         return Classification(Outcome.RETRY, "throttled", retry_after=THROTTLE_WAIT)
     if code in PAUSE:
         return Classification(Outcome.PAUSE, PAUSE[code])
+    if code in CREDENTIALS:
+        return Classification(Outcome.PAUSE, "credentials_refused")
     if code == "MessageRejected":
         return Classification(Outcome.FAIL, "message_rejected")
     if code in CONFIGURATION:

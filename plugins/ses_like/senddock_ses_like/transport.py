@@ -29,6 +29,9 @@ from senddock.outcome import Message, SendResult
 log = structlog.get_logger(__name__)
 
 TRANSPORT = "ses_like"
+# SES rewrites these of every message it sends: a DKIM signature covering them would break
+# (AWS: "manual DKIM signing", which says not to sign Message-ID, Date, Return-Path, Bounces-To).
+SES_REWRITES = ("Message-ID", "Date", "Return-Path", "Bounces-To")
 # Errors that mean our request or account setup is wrong, not the recipient (see classify).
 _CONFIGURATION_ERRORS = {"LimitExceededException", "NotFoundException", "BadRequestException"}
 _STATE_KEY = "senddock_ses_like.client"
@@ -67,7 +70,7 @@ def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMap
     request: dict[str, Any] = {
         "FromEmailAddress": mime.envelope_sender(message),
         "Destination": {"ToAddresses": [mime.ascii_address(message.recipient.email)]},
-        "Content": {"Raw": {"Data": mime.message_bytes(message)}},
+        "Content": {"Raw": {"Data": mime.message_bytes(message, unsigned_headers=SES_REWRITES)}},
         "EmailTags": tags(message),
     }
     if settings.get("configuration_set"):

@@ -444,23 +444,31 @@ RETURNING j.id;
 
 -- name: campaign_requeue
 -- After fixing a sending problem: the failed jobs of one reason go back in line as due retries
--- (their attempts stay counted), never for an address suppressed since, and the campaign sends
--- again until they are done. Reasons about the address itself are refused before this runs.
-WITH campaign AS (
-    UPDATE campaigns SET status = 'sending', paused_reason = NULL, finished_at = NULL, updated_at = now()
+-- (their attempts stay counted), never for an address suppressed since. A finished campaign
+-- sends again until they are done; a paused one stays paused (resume sends them); with nothing
+-- to requeue nothing changes. Reasons about the address itself are refused before this runs.
+WITH target AS (
+    SELECT id, broadcast_id, status FROM campaigns
      WHERE id = %(campaign_id)s AND status IN ('sending', 'paused', 'finished')
-    RETURNING id, broadcast_id
+     FOR UPDATE
 ), requeued AS (
     UPDATE broadcast_jobs j
        SET status = 'retry', failure_reason = NULL, next_attempt_at = now()
-      FROM campaign c
-     WHERE j.broadcast_id = c.broadcast_id AND j.status = 'failed' AND j.failure_reason = %(reason)s
+      FROM target t
+     WHERE j.broadcast_id = t.broadcast_id AND j.status = 'failed' AND j.failure_reason = %(reason)s
        AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(j.email))
     RETURNING j.id
 ), reopened AS (
-    UPDATE broadcasts b SET finished_at = NULL FROM campaign c WHERE b.id = c.broadcast_id
+    UPDATE campaigns c SET status = CASE WHEN t.status = 'paused' THEN 'paused' ELSE 'sending' END,
+                           finished_at = NULL, updated_at = now()
+      FROM target t
+     WHERE c.id = t.id AND EXISTS (SELECT FROM requeued)
+), reopened_broadcast AS (
+    UPDATE broadcasts b SET finished_at = NULL
+      FROM target t
+     WHERE b.id = t.broadcast_id AND EXISTS (SELECT FROM requeued)
 )
-SELECT c.id, c.broadcast_id, (SELECT count(*) FROM requeued) AS jobs FROM campaign c;
+SELECT t.id, t.broadcast_id, (SELECT count(*) FROM requeued) AS jobs FROM target t;
 
 -- name: campaign_resume
 UPDATE campaigns SET status = 'sending', paused_reason = NULL, started_at = coalesce(started_at, now()),
@@ -583,23 +591,22 @@ SELECT j.id, j.broadcast_id, b.campaign_id, j.email
 
 -- name: event_record
 -- Once per event_key; a second arrival returns the first row (new = false) with its hooks state.
--- A job found only through its tag gets the provider's id it missed (a crash after the send).
+-- DO UPDATE (a no-op) rather than DO NOTHING: two copies arriving at once both get the row back,
+-- the second after the first commits. A job found only through its tag gets the provider's id it
+-- missed (a crash after the send).
 WITH recorded AS (
     INSERT INTO delivery_events (event_key, job_id, broadcast_id, provider_message_id, email, kind,
                                  bounce_type, sub_type, suppresses, diagnostic, occurred_at)
     VALUES (%(event_key)s, %(job_id)s, %(broadcast_id)s, %(provider_message_id)s, %(email)s, %(kind)s,
             %(bounce_type)s, %(sub_type)s, %(suppresses)s, %(diagnostic)s, %(occurred_at)s::timestamptz)
-    ON CONFLICT (event_key) DO NOTHING
-    RETURNING id, hooks_done
+    ON CONFLICT (event_key) DO UPDATE SET event_key = EXCLUDED.event_key
+    RETURNING id, hooks_done, xmax = 0 AS new
 ), found_id AS (
     UPDATE broadcast_jobs SET provider_message_id = %(provider_message_id)s
      WHERE id = %(job_id)s AND provider_message_id IS NULL AND %(provider_message_id)s::text IS NOT NULL
-       AND EXISTS (SELECT FROM recorded)
+       AND EXISTS (SELECT FROM recorded WHERE new)
 )
-SELECT id, hooks_done, true AS new FROM recorded
-UNION ALL
-SELECT id, hooks_done, false FROM delivery_events
- WHERE event_key = %(event_key)s AND NOT EXISTS (SELECT FROM recorded);
+SELECT id, hooks_done, new FROM recorded;
 
 -- name: event_hooks_done
 UPDATE delivery_events SET hooks_done = true WHERE id = %(event_id)s;
@@ -619,17 +626,21 @@ SELECT email, reason, code, diagnostic, source_broadcast_id, created_at
 DELETE FROM suppressions WHERE lower(email) = lower(%(email)s) RETURNING email;
 
 -- name: subscriber_set_status
--- unsubscribe or blocklist by address; the address is suppressed in the same statement.
-WITH target AS (
-    UPDATE subscribers SET status = %(status)s, updated_at = now()
-     WHERE lower(email) = lower(%(email)s)
-    RETURNING id, email
+-- unsubscribe or blocklist by address; the address is suppressed in the same statement. Never
+-- turns a blocklisted subscriber into a merely unsubscribed one. Returns the status it has now.
+WITH found AS (
+    SELECT id, email, status FROM subscribers WHERE lower(email) = lower(%(email)s) FOR UPDATE
+), target AS (
+    UPDATE subscribers s SET status = %(status)s, updated_at = now()
+      FROM found f
+     WHERE s.id = f.id AND NOT (f.status = 'blocklisted' AND %(status)s = 'unsubscribed')
+    RETURNING s.id, s.email
 ), suppressed AS (
     INSERT INTO suppressions (email, reason, diagnostic)
-    SELECT email, %(reason)s, %(diagnostic)s FROM target
+    SELECT email, %(reason)s, %(diagnostic)s FROM found
     ON CONFLICT ((lower(email))) DO NOTHING
 )
-SELECT id, email FROM target;
+SELECT f.id, f.email, coalesce((SELECT %(status)s::text FROM target), f.status) AS status FROM found f;
 
 -- name: subscriber_list
 SELECT s.id, s.email, s.name, s.status, s.attributes, s.created_at
