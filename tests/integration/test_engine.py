@@ -192,3 +192,30 @@ def test_idle_workers_wake_on_new_work_without_waiting_for_the_poll(app_for, smt
     finally:
         runner.request_stop()
         thread.join(30)
+
+
+def test_a_connection_break_between_sends_puts_the_unstarted_jobs_back_not_in_doubt(app_for, smtp_sink, monkeypatch):
+    """The worker's connection breaks after two sends of a five-job batch, before the third began:
+    the three unstarted jobs go back as they were (no in-doubt attempt, no attempt counted) and
+    everyone still gets exactly one message."""
+    import psycopg
+
+    from senddock.core.worker import Worker
+
+    app = app_for(fast_settings(smtp_sink.port, workers=1, claim_batch=5))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
+    original, calls = Worker._message, []
+
+    def breaking(self, queue, job):
+        calls.append(job.id)
+        if len(calls) == 3:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return original(self, queue, job)
+
+    monkeypatch.setattr(Worker, "_message", breaking)
+    drain(app.config)
+    assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(f"user{i}@example.com" for i in range(5))
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM delivery_attempts WHERE in_doubt").fetchone() == (0,)
+        assert conn.execute("SELECT max(attempts) FROM broadcast_jobs").fetchone() == (1,)
+    assert app.campaign_status(campaign_id).status == "finished"
