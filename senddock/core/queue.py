@@ -132,6 +132,12 @@ class Queue:
             late_sent = self.conn.execute(query("job_record_late_success"), params).fetchone() is not None
         return Recorded(recorded, late_sent, next_status is not None, next_status)
 
+    def result_recorded(self, job: ClaimedJob, started_at: datetime | None) -> bool:
+        """Whether this node already committed the result of this send of ``job`` (checked only
+        after a reconnect, when a commit's reply was lost)."""
+        params = {"job_id": job.id, "node_id": self.node.id, "started_at": started_at}
+        return self.conn.execute(query("job_result_recorded"), params).fetchone()[0]
+
     def release(self, jobs: Sequence[ClaimedJob]) -> int:
         if not jobs:
             return 0

@@ -204,7 +204,12 @@ class Worker(threading.Thread):
             try:
                 with self.runner.db.connection() as conn:
                     fresh = self.runner.queue(conn)
-                    recorded = fresh.record(job, attempt, started_at, outcome, None)
+                    if fresh.result_recorded(job, started_at):
+                        # The first commit went through; only its reply was lost. Writing again
+                        # would log a second attempt and treat our own result as a lost claim.
+                        recorded = Recorded(recorded=True, late_sent=False, next_ours=False, next_campaign_status=None)
+                    else:
+                        recorded = fresh.record(job, attempt, started_at, outcome, None)
                     fresh.release(pending)
                     return replace(recorded, batch_released=True)
             except psycopg.OperationalError as exc:

@@ -219,3 +219,37 @@ def test_a_connection_break_between_sends_puts_the_unstarted_jobs_back_not_in_do
         assert conn.execute("SELECT count(*) FROM delivery_attempts WHERE in_doubt").fetchone() == (0,)
         assert conn.execute("SELECT max(attempts) FROM broadcast_jobs").fetchone() == (1,)
     assert app.campaign_status(campaign_id).status == "finished"
+
+
+def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, monkeypatch):
+    """The commit of a result succeeds but the connection dies before its reply: the worker
+    retries on a new connection, finds its result there, and neither logs a second attempt nor
+    mistakes its own result for a lost claim (the pause it carries is applied)."""
+    import psycopg
+
+    from senddock.core.queue import Queue
+    from senddock.sink import Sink
+
+    with Sink("127.0.0.1", 0, credentials=("mailer", "right-password")) as relay:
+        monkeypatch.setenv("SMTP_PASSWORD", "wrong-password")
+        settings = fast_settings(relay.port, workers=1)
+        settings["smtp"].update(username="mailer", password="${SMTP_PASSWORD}")
+        app = app_for(settings)
+        campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])
+        original, calls = Queue.record, []
+
+        def commit_then_lose_the_reply(self, *args, **kwargs):
+            recorded = original(self, *args, **kwargs)
+            calls.append(recorded)
+            if len(calls) == 1:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return recorded
+
+        monkeypatch.setattr(Queue, "record", commit_then_lose_the_reply)
+        drain(app.config)
+    assert len(calls) == 1  # the retry found the committed result instead of writing it again
+    status = app.campaign_status(campaign_id)
+    assert (status.status, status.paused_reason, status.pending) == ("paused", "auth_failed", 2)
+    with app.db.connection() as conn:
+        attempts = conn.execute("SELECT outcome, claim_lost FROM delivery_attempts").fetchall()
+    assert attempts == [("pause", False)]

@@ -303,6 +303,14 @@ WITH result AS (
 SELECT EXISTS (SELECT FROM result), (SELECT status FROM next_job),
        set_config('synchronous_commit', %(synchronous_commit)s, true);
 
+-- name: job_result_recorded
+-- After a reconnect: did the result commit whose reply was lost go through? Each send's attempt
+-- row carries this node and the send's start time, so it identifies that one commit.
+SELECT EXISTS (
+    SELECT 1 FROM delivery_attempts
+     WHERE job_id = %(job_id)s AND node_id = %(node_id)s AND started_at = %(started_at)s AND NOT claim_lost
+);
+
 -- name: job_record_bounce
 -- A bounced job's pending on_bounced hooks, in the same commit as its result would be: written
 -- only when the result was ours to record.
