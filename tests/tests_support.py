@@ -85,3 +85,8 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 def sent_count(dsn: str) -> int:
     with psycopg.connect(dsn) as conn:
         return conn.execute("SELECT count(*) FROM broadcast_jobs WHERE status = 'sent'").fetchone()[0]
+
+
+def campaign_status(dsn: str, campaign_id: int) -> str:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT status FROM campaigns WHERE id = %s", (campaign_id,)).fetchone()[0]

@@ -12,6 +12,7 @@ import structlog
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output
 from senddock.core.runner import Runner
+from senddock.durations import parse_duration
 from senddock.errors import EXIT_OK, UsageError
 from senddock.sink import FailRule, Received, Sink
 
@@ -51,8 +52,8 @@ def sink(args: argparse.Namespace, out: Output) -> int:
         out.problem(line) if out.json_mode else print(line, flush=True)
 
     try:
-        server = Sink(args.host, args.port, rules=rules, save_dir=Path(args.save) if args.save else None,
-                      on_message=show)
+        server = Sink(args.host, args.port, rules=rules, delay=args.delay,
+                      save_dir=Path(args.save) if args.save else None, on_message=show)
         server.start()
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
@@ -107,6 +108,13 @@ def demo(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK if ok else 1
 
 
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_commands(sub, camp, command, positive_int) -> None:
     p = command(sub, "demo", demo, "a whole broadcast on a throw-away embedded Postgres and SMTP sink")
     p.add_argument("--crash", action="store_true", help="kill -9 the sending process mid-broadcast and restart it")
@@ -120,6 +128,8 @@ def add_commands(sub, camp, command, positive_int) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=1025)
     p.add_argument("--save", metavar="DIR", help="save each message as an .eml file")
+    p.add_argument("--delay", type=_duration, default=0.0, metavar="DURATION",
+                   help="wait this long before accepting each message, as a real relay does (e.g. 50ms)")
     p.add_argument("--fail", action="append", default=[], metavar="PATTERN=REPLY",
                    help="answer matching recipients, e.g. 'bounce*@*=550 5.1.1 no such user' "
                         "(prefix mail: to match the sender at MAIL FROM, data: to refuse at DATA)")

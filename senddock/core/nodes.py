@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 
 from senddock.config import Config
 from senddock.core.db import Database
+from senddock.core.epoch import ensure_epoch
 from senddock.core.queries import query
 from senddock.errors import error_line
 
@@ -105,6 +106,8 @@ class Lifeline(threading.Thread):
         return psycopg.connect(dsn, **kwargs)
 
     def _serve(self, conn: psycopg.Connection) -> None:
+        # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.
+        ensure_epoch(conn)
         if self.lock_id is None:
             self.lock_id = conn.execute(
                 query("node_register"),

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -26,8 +27,9 @@ class ClaimedJob:
     attributes: dict[str, Any]
     attempts: int
     claim_token: uuid.UUID | None
-    first_attempt_at: datetime | None
+    age: float  # seconds since its first attempt, on the database's clock (0 before any)
     suppressed: bool
+    claimed_monotonic: float = 0.0  # this node's monotonic clock when the claim's reply arrived
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class Queue:
         params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4()}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
             jobs = cur.execute(query("jobs_claim"), params).fetchall()
-        return sorted(jobs, key=lambda j: j.id)
+        now = time.monotonic()
+        return sorted((replace(j, claimed_monotonic=now) for j in jobs), key=lambda j: j.id)
 
     def record(
         self,
@@ -108,6 +111,7 @@ class Queue:
             "started_at": started_at,
             "outcome": result.outcome,
             "in_doubt": result.in_doubt,
+            "ok": result.ok,
             "phase": result.phase,
             "code": result.code,
             "enhanced_code": result.enhanced_code,

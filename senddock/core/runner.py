@@ -23,6 +23,7 @@ import structlog
 from senddock.compose import Composer
 from senddock.config import Config
 from senddock.core.db import Database
+from senddock.core.epoch import ensure_epoch
 from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.queue import Queue
 from senddock.core.suppressions import Suppressions
@@ -184,6 +185,7 @@ class Runner:
         try:
             with self.db.connection() as conn:
                 queue = self.queue(conn)
+                ensure_epoch(conn)
                 recovery = self.config.recovery
                 # Dead incarnations' jobs and this node's own unheld ones, in one statement.
                 recovered = queue.recover(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +17,7 @@ import psycopg
 import structlog
 
 from senddock.core import results
+from senddock.core.epoch import ensure_epoch
 from senddock.core.queue import ClaimedJob, JobResult, Queue, Recorded
 from senddock.errors import error_line
 from senddock.outcome import (
@@ -36,6 +37,35 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
+@dataclass
+class _Result:
+    """A result committed (or tried) whose durability is not known yet."""
+
+    job: ClaimedJob
+    attempt: int
+    started_at: datetime
+    result: JobResult
+    hooks_ran: bool = False  # its on_bounced hooks ran (a re-recorded bounce must not queue them again)
+
+
+@dataclass
+class _Batch:
+    """A claimed batch. Its token stays in ``runner.held_tokens`` (so this node's orphan recovery
+    leaves it alone) until the worker has settled it: every result durable, every job that never
+    started put back."""
+
+    token: uuid.UUID
+    jobs: list[ClaimedJob] | None = None  # None until the claim's reply arrives
+    begun: set[int] = field(default_factory=set)
+    # Results committed asynchronously that no synchronous commit has covered yet, and a result
+    # whose commit failed: a Postgres crash may have lost them.
+    unsure: list[_Result] = field(default_factory=list)
+    broken: bool = False  # its connection broke: settle it on the next one
+
+    def unstarted(self) -> list[ClaimedJob]:
+        return [j for j in self.jobs or () if j.id not in self.begun and not j.suppressed]
+
+
 class Worker(threading.Thread):
     def __init__(self, runner: Runner, index: int) -> None:
         super().__init__(name=f"senddock-worker-{index}", daemon=True)
@@ -44,14 +74,9 @@ class Worker(threading.Thread):
         self.busy = False
         self._state: dict[str, Any] = {}
         self._campaigns: dict[int, CampaignContent] = {}
-        # True from the moment a send begins until its result is committed.
-        self._sending = False
-        # Ids of the current batch's jobs whose send began (their results may not be durable).
-        self._begun: set[int] = set()
-        # Batches whose connection broke between sends: token -> the jobs never started (None: the
-        # claim's reply was lost, so none of it started). Their tokens stay held, so orphan
-        # recovery leaves them alone, until they are put back on the next connection.
-        self._unstarted: dict[uuid.UUID, list[ClaimedJob] | None] = {}
+        self._async_results = runner.config.database.result_commit == "async"
+        # Batches whose tokens are held: the current one, and earlier ones not settled yet.
+        self._held: list[_Batch] = []
 
     def run(self) -> None:
         runner = self.runner
@@ -62,44 +87,83 @@ class Worker(threading.Thread):
                     with runner.db.connection() as conn:
                         backoff = 0.1
                         queue = runner.queue(conn)
-                        self._put_back_unstarted(queue)
+                        ensure_epoch(conn)
+                        self._settle(queue)
                         self._loop(queue)
                 except psycopg.OperationalError as exc:
                     log.warning("worker_db_lost", worker=self.index, error=error_line(exc), retry_in=backoff)
                 except Exception:
                     # Never a dead worker: a read-only server after a failover, bad bytes in a reply...
-                    # The batch it held comes back through orphan recovery.
+                    # Its unsettled batches are settled on the next connection.
                     log.exception("worker_error", worker=self.index, retry_in=backoff)
+                    for batch in self._held:
+                        batch.broken = True
                 self.busy = False
                 runner.stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
         finally:
             self.busy = False
-            self._give_up_unstarted()
+            self._last_settle()
             try:
                 runner.pm.hook.worker_stopped(worker_state=self._state, config=runner.config)
             except Exception as exc:
                 log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
 
-    def _put_back_unstarted(self, queue: Queue) -> None:
-        for token, jobs in list(self._unstarted.items()):
-            released = queue.release_claim(token) if jobs is None else queue.release(jobs)
-            del self._unstarted[token]
-            self.runner.held_tokens.discard(token)
+    # -- holding and settling batches ----------------------------------------------------------
+
+    def _hold(self, batch: _Batch) -> None:
+        self._held.append(batch)
+        self.runner.held_tokens.add(batch.token)
+
+    def _unhold(self, batch: _Batch) -> None:
+        if batch in self._held:
+            self._held.remove(batch)
+            self.runner.held_tokens.discard(batch.token)
+
+    def _settle(self, queue: Queue) -> dict[int, Recorded]:
+        """On a new connection: make every held batch's record exact, then let go of it.
+
+        A result the server lost (a crash-restart or failover dropped the end of the WAL) or whose
+        commit failed is committed again, unless the attempt row shows it went through; jobs whose
+        send never began go back as they were. This worker knows exactly which jobs it began, so
+        nothing here is in doubt. Returns what each newly committed result did.
+        """
+        recorded: dict[int, Recorded] = {}
+        for batch in list(self._held):
+            for item in batch.unsure:
+                if queue.result_recorded(item.job, item.started_at):
+                    continue
+                recorded[item.job.id] = queue.record(item.job, item.attempt, item.started_at, item.result, None)
+                log.warning("result_committed_again", worker=self.index, job_id=item.job.id,
+                            outcome=item.result.outcome, claim_lost=not recorded[item.job.id].recorded)
+                if item.result.bounce and item.hooks_ran:
+                    queue.bounce_done(item.job.id)
+            released = queue.release_claim(batch.token) if batch.jobs is None else queue.release(batch.unstarted())
             if released:
                 log.info("batch_put_back", worker=self.index, jobs=released)
+            self._unhold(batch)
+        return recorded
 
-    def _give_up_unstarted(self) -> None:
-        """On the way out: one more try on a fresh connection, else leave them to recovery."""
-        if not self._unstarted:
+    def _last_settle(self) -> None:
+        """On the way out: settle on a fresh connection if there is anything to settle, else leave
+        it to recovery (a job whose send began is then in doubt)."""
+        if not any(b.broken or b.unsure for b in self._held):
+            for batch in list(self._held):
+                self._unhold(batch)
             return
         try:
             with self.runner.db.connection() as conn:
-                self._put_back_unstarted(self.runner.queue(conn))
+                self._settle(self.runner.queue(conn))
         except psycopg.Error:
-            for token in self._unstarted:
-                self.runner.held_tokens.discard(token)
-            self._unstarted.clear()
+            for batch in list(self._held):
+                self._unhold(batch)
+
+    def _durable_up_to_now(self, current: _Batch) -> None:
+        """A claim committed synchronously, so the WAL is flushed past every earlier commit: the
+        results of earlier batches can no longer be lost."""
+        for batch in list(self._held):
+            if batch is not current and not batch.broken:
+                self._unhold(batch)
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -112,41 +176,34 @@ class Worker(threading.Thread):
             self.busy = True
             # The batch's token is held before the claim commits, so orphan recovery never takes
             # a batch a worker is about to send.
-            token = uuid.uuid4()
-            runner.held_tokens.add(token)
-            self._sending = False
-            self._begun = set()
-            keep_held = False
-            batch = None
+            batch = _Batch(uuid.uuid4())
+            self._hold(batch)
             try:
-                batch = queue.claim(runner.config.claim_batch, token)
-                for job in batch:
+                batch.jobs = queue.claim(runner.config.claim_batch, batch.token)
+                if batch.jobs:
+                    self._durable_up_to_now(batch)
+                for job in batch.jobs:
                     if job.suppressed:
                         log.info("job_suppressed", job_id=job.id, broadcast_id=job.broadcast_id)
-                live = [j for j in batch if not j.suppressed]
+                live = [j for j in batch.jobs if not j.suppressed]
                 if live:
-                    self._send_batch(queue, live)
-                if len(batch) < runner.config.claim_batch:
+                    self._send_batch(queue, batch, live)
+                if len(batch.jobs) < runner.config.claim_batch:
                     # The queue is running dry: the last results may have finished a campaign.
-                    runner.finish_campaigns(queue, {j.broadcast_id for j in batch})
+                    runner.finish_campaigns(queue, {j.broadcast_id for j in batch.jobs})
             except psycopg.OperationalError:
-                # The connection broke with no send in flight (in the claim, or between sends).
-                # The jobs whose send never began go back as they were on the next connection;
-                # those that began stay 'sending' for orphan recovery, in doubt: with results
-                # committed asynchronously, a Postgres crash may have lost one that went out.
-                keep_held = not self._sending
-                if keep_held:
-                    self._unstarted[token] = None if batch is None else [
-                        j for j in batch if j.id not in self._begun and not j.suppressed]
+                # The connection broke between sends (in the claim, or between two results). The
+                # batch stays held and is settled on the next connection.
+                batch.broken = True
                 raise
             finally:
-                if not keep_held:
-                    runner.held_tokens.discard(token)
+                if not batch.broken and not batch.unsure:
+                    self._unhold(batch)
                 self.busy = False
-            if not batch:
+            if not batch.jobs:
                 runner.wait_for_work()
 
-    def _send_batch(self, queue: Queue, jobs: list[ClaimedJob]) -> None:
+    def _send_batch(self, queue: Queue, batch: _Batch, jobs: list[ClaimedJob]) -> None:
         """Send in id order, one at a time: the order is what makes the start of each send durable."""
         runner = self.runner
         pending = list(jobs)
@@ -156,7 +213,7 @@ class Worker(threading.Thread):
                 queue.release([job, *pending])
                 return
             next_job = pending[0] if pending else None
-            recorded, outcome = self._send_one(queue, job, next_job, pending)
+            recorded, outcome = self._send_one(queue, batch, job, next_job)
             if recorded.batch_released:
                 return
             if next_job is not None and (outcome.outcome == "pause" or recorded.next_campaign_status != "sending"):
@@ -164,7 +221,7 @@ class Worker(threading.Thread):
                 queue.release(pending)
                 return
 
-    def _send_one(self, queue: Queue, job: ClaimedJob, next_job: ClaimedJob | None, pending: list[ClaimedJob]):
+    def _send_one(self, queue: Queue, batch: _Batch, job: ClaimedJob, next_job: ClaimedJob | None):
         runner = self.runner
         started_at = datetime.now(timezone.utc)
         try:
@@ -173,49 +230,53 @@ class Worker(threading.Thread):
             # This recipient's data does not fit the template: fail the job, the broadcast goes on.
             result, verdict = results.template_failure(exc)
         else:
-            self._sending = True
-            self._begun.add(job.id)
+            batch.begun.add(job.id)
             result = results.send(runner.pm, runner.config, message, self._state)
             verdict = results.classify(runner.pm, runner.config, result, message)
-        age = (started_at - (job.first_attempt_at or started_at)).total_seconds()
+        # The job's age on the database's clock (read at the claim) plus this node's monotonic time
+        # since: retry.max_age never mixes two clocks.
+        age = job.age + (time.monotonic() - job.claimed_monotonic)
         outcome = results.job_result(
             runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts
         )
-        recorded = self._record(queue, job, started_at, outcome, next_job, pending)
-        self._sending = False
+        item = _Result(job, job.attempts + (1 if outcome.counts else 0), started_at, outcome)
+        recorded = self._record(queue, batch, item, next_job)
         self._after(queue, job, verdict, outcome, recorded)
+        item.hooks_ran = True
         return recorded, outcome
 
-    def _record(self, queue: Queue, job: ClaimedJob, started_at: datetime, outcome: JobResult,
-                next_job: ClaimedJob | None, pending: list[ClaimedJob]) -> Recorded:
-        """Commit the result; if the connection breaks, keep it and try again on a new one.
+    def _record(self, queue: Queue, batch: _Batch, item: _Result, next_job: ClaimedJob | None) -> Recorded:
+        """Commit the result; if the connection breaks, settle the batch on a new one.
 
         After a reconnect the rest of the batch is put back on that new connection and the batch
         ends: the worker's own connection is gone.
         """
-        attempt = job.attempts + (1 if outcome.counts else 0)
         try:
-            return queue.record(job, attempt, started_at, outcome, next_job)
+            recorded = queue.record(item.job, item.attempt, item.started_at, item.result, next_job)
         except psycopg.OperationalError as exc:
-            log.warning("result_commit_failed", job_id=job.id, error=error_line(exc))
+            log.warning("result_commit_failed", job_id=item.job.id, error=error_line(exc))
+        else:
+            if self._async_results and recorded.recorded:
+                batch.unsure.append(item)
+            return recorded
+        batch.unsure.append(item)
+        batch.broken = True
         deadline = time.monotonic() + self.runner.config.recovery.lease
         delay = 0.2
         while True:
             try:
                 with self.runner.db.connection() as conn:
                     fresh = self.runner.queue(conn)
-                    if fresh.result_recorded(job, started_at):
-                        # The first commit went through; only its reply was lost. Writing again
-                        # would log a second attempt and treat our own result as a lost claim.
-                        recorded = Recorded(recorded=True, late_sent=False, next_ours=False, next_campaign_status=None)
-                    else:
-                        recorded = fresh.record(job, attempt, started_at, outcome, None)
-                    fresh.release(pending)
+                    ensure_epoch(conn)
+                    again = self._settle(fresh).get(item.job.id)
+                    # None: the first commit went through and only its reply was lost.
+                    recorded = again or Recorded(recorded=True, late_sent=False, next_ours=False,
+                                                 next_campaign_status=None)
                     return replace(recorded, batch_released=True)
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
                     raise
-                log.warning("result_commit_failed", job_id=job.id, error=error_line(exc), retry_in=delay)
+                log.warning("result_commit_failed", job_id=item.job.id, error=error_line(exc), retry_in=delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 

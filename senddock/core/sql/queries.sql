@@ -193,6 +193,20 @@ RETURNING id;
 -- ---------------------------------------------------------------------------------------------
 -- The engine: nodes, claims, results, recovery.
 
+-- name: server_epoch_ensure
+-- The server's current epoch, started by whoever first finds the UNLOGGED marker empty (a new
+-- database, or one whose server crash-restarted or was promoted: see migration 3). A concurrent
+-- starter may win the insert and be invisible to this statement's snapshot: then no row comes
+-- back and the caller asks again.
+WITH made AS (
+    INSERT INTO server_epoch (id) VALUES (gen_random_uuid())
+    ON CONFLICT DO NOTHING
+    RETURNING id, started_at
+)
+SELECT id, started_at, true AS new FROM made
+UNION ALL
+SELECT id, started_at, false FROM server_epoch WHERE NOT EXISTS (SELECT FROM made);
+
 -- name: node_register
 INSERT INTO nodes (id, name, host, pid) VALUES (%(node_id)s, %(name)s, %(host)s, %(pid)s)
 RETURNING lock_id;
@@ -260,11 +274,13 @@ UPDATE broadcast_jobs j
        failure_reason = CASE WHEN due.suppressed THEN 'suppressed' ELSE j.failure_reason END,
        claimed_by = CASE WHEN due.suppressed THEN NULL ELSE %(node_id)s::uuid END,
        claimed_at = now(),
-       claim_token = CASE WHEN due.suppressed THEN NULL ELSE %(claim_token)s::uuid END
+       claim_token = CASE WHEN due.suppressed THEN NULL ELSE %(claim_token)s::uuid END,
+       claim_epoch = (SELECT id FROM server_epoch)
   FROM due, durable, subscribers s
  WHERE j.id = due.id AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
-          j.attempts, j.claim_token, j.first_attempt_at, due.suppressed;
+          j.attempts, j.claim_token,
+          coalesce(extract(epoch FROM now() - j.first_attempt_at), 0)::float8 AS age, due.suppressed;
 
 -- name: job_record_result
 -- One statement, one round trip, one commit: the job's outcome (fenced by its claim token) and its
@@ -289,9 +305,10 @@ WITH result AS (
     INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at, outcome,
                                    in_doubt, phase, smtp_code, enhanced_code, message,
                                    provider_message_id, claim_lost)
+    -- A message delivered under a lost claim may have gone out twice: in doubt.
     VALUES (%(job_id)s, %(broadcast_id)s, %(attempt)s, %(node)s, %(node_id)s, %(started_at)s,
-            %(outcome)s, %(in_doubt)s, %(phase)s, %(code)s, %(enhanced_code)s, %(last_result)s,
-            %(provider_message_id)s, NOT EXISTS (SELECT FROM result))
+            %(outcome)s, %(in_doubt)s OR (%(ok)s AND NOT EXISTS (SELECT FROM result)), %(phase)s, %(code)s,
+            %(enhanced_code)s, %(last_result)s, %(provider_message_id)s, NOT EXISTS (SELECT FROM result))
 ), next_job AS (
     SELECT c.status
       FROM broadcast_jobs j, campaigns c
@@ -304,11 +321,12 @@ SELECT EXISTS (SELECT FROM result), (SELECT status FROM next_job),
        set_config('synchronous_commit', %(synchronous_commit)s, true);
 
 -- name: job_result_recorded
--- After a reconnect: did the result commit whose reply was lost go through? Each send's attempt
--- row carries this node and the send's start time, so it identifies that one commit.
+-- After a reconnect: did a result commit go through (its reply was lost, or a Postgres crash may
+-- have lost it since)? Each send's attempt row carries this node and the send's start time, so it
+-- identifies that one commit.
 SELECT EXISTS (
     SELECT 1 FROM delivery_attempts
-     WHERE job_id = %(job_id)s AND node_id = %(node_id)s AND started_at = %(started_at)s AND NOT claim_lost
+     WHERE job_id = %(job_id)s AND node_id = %(node_id)s AND started_at = %(started_at)s
 );
 
 -- name: job_record_bounce
@@ -352,17 +370,24 @@ RETURNING j.id;
 --    was read just before this statement.
 -- Re-checked inside this one statement: still 'sending', same claim, owner still gone or the
 -- batch still unheld. In doubt: the lowest-id job of each batch still 'sending' (the one whose
--- send may have begun), or every job of a batch claimed before the server's last start (a
--- crash may have lost its results). In-doubt jobs are recorded as such, then retried or failed;
--- the others go back as they were.
-WITH dead AS (
+-- send may have begun), or every job of a batch claimed in an earlier server epoch (the server
+-- lost the end of its WAL since: any of the batch's results may be gone). In-doubt jobs are
+-- recorded as such, then retried or failed; the others go back as they were.
+WITH epoch AS MATERIALIZED (
+    -- A lock proves something only if it could have been taken in this server's current life:
+    -- since its last start (locks die with it) and since its last loss of WAL (crash-restarts
+    -- and failovers keep pg_postmaster_start_time(), or predate it).
+    SELECT (SELECT id FROM server_epoch) AS id,
+           greatest(pg_postmaster_start_time(),
+                    coalesce((SELECT started_at FROM server_epoch), 'infinity')) AS locks_since
+), dead AS (
     SELECT n.id, n.name
     FROM nodes n
     WHERE %(dead_nodes)s AND n.id <> %(node_id)s
       AND (
             n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)
          OR (n.name = %(name)s
-             AND n.heartbeat_at >= pg_postmaster_start_time()
+             AND n.heartbeat_at >= (SELECT locks_since FROM epoch)
              AND NOT EXISTS (
                  SELECT 1 FROM pg_locks l
                  WHERE l.locktype = 'advisory' AND l.granted
@@ -370,7 +395,8 @@ WITH dead AS (
                    AND l.classid = %(lock_class)s::oid AND l.objid = n.lock_id::oid AND l.objsubid = 2))
       )
 ), locked AS (
-    SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at
+    SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at,
+           j.claim_epoch IS DISTINCT FROM (SELECT id FROM epoch) AS wal_lost
     FROM broadcast_jobs j
     WHERE j.status = 'sending'
       AND (j.claimed_by IN (SELECT id FROM dead)
@@ -379,8 +405,7 @@ WITH dead AS (
                AND j.claimed_at < now() - interval '1 second'))
     FOR UPDATE OF j SKIP LOCKED
 ), victims AS (
-    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token)
-                OR l.claimed_at < pg_postmaster_start_time() AS started
+    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token) OR l.wal_lost AS started
     FROM locked l
 ), recovered AS (
     UPDATE broadcast_jobs j
@@ -400,6 +425,7 @@ WITH dead AS (
            first_attempt_at = CASE WHEN v.started THEN coalesce(j.first_attempt_at, v.claimed_at)
                                    ELSE j.first_attempt_at END,
            last_result = CASE WHEN NOT v.started THEN j.last_result
+                              WHEN v.wal_lost THEN 'in doubt: its result may have been lost in a Postgres crash or failover'
                               WHEN v.claimed_by = %(node_id)s THEN 'in doubt: its result was never committed'
                               ELSE 'in doubt: its node died while sending' END,
            claimed_by = NULL, claim_token = NULL, claimed_at = NULL
