@@ -255,6 +255,12 @@ class Senddock:
         with self._conn() as conn:
             campaigns.resume_campaign(conn, campaign_id)
 
+    def unsuppress_campaign(self, campaign_id: int, *, since_pause: bool = True) -> campaigns.Unsuppressed:
+        """Undo the suppressions the campaign's bounces made (``since_pause``: those of the window that
+        tripped its bounce-rate breaker) and put their jobs back in line; resume it afterwards."""
+        with self._conn() as conn:
+            return campaigns.unsuppress_campaign(conn, campaign_id, since_pause=since_pause)
+
     def campaign_status(self, campaign_id: int) -> CampaignStatus:
         with self._conn() as conn:
             return campaigns.campaign_status(conn, campaign_id)

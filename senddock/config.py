@@ -11,7 +11,6 @@ import difflib
 import json
 import os
 import re
-import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -68,6 +67,16 @@ class RetrySettings:
 
 
 @dataclass(frozen=True)
+class BreakerSettings:
+    bounce_rate: float
+    bounce_window: int
+    early_bounces: int
+    early_window: int
+    probe_interval: float
+    probe_max_interval: float
+
+
+@dataclass(frozen=True)
 class RecoverySettings:
     heartbeat: float
     lease: float
@@ -117,8 +126,9 @@ class Config:
         return self.data["claim_batch"]
 
     @property
-    def node_name(self) -> str:
-        return self.data["node"]["name"] or socket.gethostname()
+    def node_name(self) -> str | None:
+        """The configured node name; None: the first free of HOST, HOST-2... (see core.node_names)."""
+        return self.data["node"]["name"]
 
     @property
     def database(self) -> DatabaseSettings:
@@ -153,6 +163,18 @@ class Config:
             lease=parse_duration(r["lease"]),
             in_doubt=r["in_doubt"],
             max_rescues=r["max_rescues"],
+        )
+
+    @property
+    def breaker(self) -> BreakerSettings:
+        b = self.data["breaker"]
+        return BreakerSettings(
+            bounce_rate=float(b["bounce_rate"]),
+            bounce_window=b["bounce_window"],
+            early_bounces=b["early_bounces"],
+            early_window=b["early_window"],
+            probe_interval=parse_duration(b["probe_interval"]),
+            probe_max_interval=parse_duration(b["probe_max_interval"]),
         )
 
     @property
@@ -397,6 +419,13 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
         )
     if heartbeat <= 0:
         yield "$.recovery.heartbeat", "must be longer than 0s"
+    breaker = data["breaker"]
+    if breaker["early_bounces"] >= breaker["early_window"]:
+        yield "$.breaker.early_bounces", (
+            f"must be less than breaker.early_window ({breaker['early_bounces']} >= {breaker['early_window']}): "
+            "more bounces than results can never happen")
+    if parse_duration(breaker["probe_interval"]) > parse_duration(breaker["probe_max_interval"]):
+        yield "$.breaker.probe_interval", "must not be longer than breaker.probe_max_interval"
     unsubscribe = data["unsubscribe"]
     if (unsubscribe["url"] or unsubscribe["mailto"]) and not unsubscribe["secret"]:
         yield "$.unsubscribe.secret", "required with unsubscribe.url or unsubscribe.mailto: the links are signed with it"

@@ -31,19 +31,27 @@ def classify_result(result: SendResult) -> Classification:
 
 
 @hookimpl(trylast=True)
-def compute_backoff(attempt: int, classification: Classification, age: float, config: Config) -> RetryDecision:
+def compute_backoff(attempt: int, classification: Classification, age: float, config: Config,
+                    deferrals: int = 0) -> RetryDecision:
     """``retry.schedule[n-1]`` before the n-th retry (the last delay repeats), jittered, never sooner
-    than the server asked; give up after ``retry.max_retries`` retries or ``retry.max_age``."""
+    than the server asked; give up after ``retry.max_retries`` retries (``retries_exhausted``) or
+    once ``retry.max_age`` has passed since the first send (``expired``).
+
+    Throttling and relay trouble (``classification.deferral``) never use up ``max_retries``: their
+    delay follows the schedule by the deferrals in a row, and only ``retry.max_age`` ends them."""
     retry = config.retry
-    retries_done = attempt - 1
-    if retries_done >= retry.max_retries:
-        return RetryDecision.give_up()
-    delay = retry.schedule[min(retries_done, len(retry.schedule) - 1)]
+    if classification.deferral:
+        step = max(0, deferrals - 1)
+    else:
+        step = attempt - 1
+        if step >= retry.max_retries:
+            return RetryDecision.give_up()
+    delay = retry.schedule[min(step, len(retry.schedule) - 1)]
     delay *= 1 + random.uniform(-retry.jitter, retry.jitter)
     if classification.retry_after is not None:
         delay = max(delay, classification.retry_after)
     if retry.max_age is not None and age + delay > retry.max_age:
-        return RetryDecision.give_up()
+        return RetryDecision.give_up("expired")
     return RetryDecision.retry_in(delay)
 
 

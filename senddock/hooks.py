@@ -125,17 +125,24 @@ def compute_backoff(
     classification: Classification,
     age: float,
     config: PluginConfig,
+    deferrals: int,
 ) -> RetryDecision | None:
     """Decide when a transiently failed job is tried again, or that it must stop retrying.
 
     Called when ``classify_result`` answered ``retry``.
 
     :param attempt: how many sends of this job have been recorded, including the one that just
-        failed (1 after the first send).
+        failed (1 after the first send). Throttling and relay trouble (``classification.deferral``)
+        are not the recipient's attempts: for them ``attempt`` is the number the next real attempt
+        will have.
     :param classification: the retry classification; ``classification.retry_after`` carries a wait
-        the server asked for (the default never retries sooner than that).
-    :param age: seconds since the job's first send started.
+        the server asked for (the default never retries sooner than that); ``throttled`` and
+        ``relay_trouble`` say the failure is not the recipient's (the default then ignores
+        ``retry.max_retries`` and stops only at ``retry.max_age``).
+    :param age: seconds since the job's first send started, on the database's clock.
     :param config: the validated configuration (``retry.schedule``, ``retry.max_retries``...).
+    :param deferrals: how many retries of this job were throttling or relay trouble, the one that
+        just happened included when it is one.
     :return: ``RetryDecision.retry_in(seconds)``, or ``RetryDecision.give_up()`` to fail the job now
         with reason ``retries_exhausted``. Return None to let other plugins decide; the first
         non-None result wins. The built-in default follows ``retry.schedule``: with the defaults the
@@ -159,6 +166,27 @@ def parse_provider_event(document: Mapping[str, Any], config: PluginConfig) -> l
         e.g. an SNS subscription confirmation), or None when the document is not this plugin's.
     :raises senddock.outcome.EventError: the document is this provider's but cannot be read; the
         engine reports it (with its line) and skips it.
+    """
+
+
+@hookspec(firstresult=True)
+def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
+    """Check, without sending any message, that the active transport's relay or API answers.
+
+    Called by the engine, with backoff (``breaker.probe_interval`` doubling up to
+    ``breaker.probe_max_interval``), while a campaign is paused for relay trouble: a run of
+    ``transport.max_consecutive_failures`` failures that were all ``relay_trouble`` (no connection,
+    timeouts, the relay's own X.3/X.4 replies). The campaign resumes by itself once a probe
+    succeeds. Called from the engine's prober thread, outside any worker and any transaction.
+
+    :param transport: the active transport's name; answer only for one of your own.
+    :param config: the validated configuration.
+    :return: a :class:`~senddock.outcome.SendResult` with ``ok=True`` when the relay answered as it
+        would for a send (for SMTP: the greeting, EHLO, STARTTLS and AUTH as configured), or
+        ``ok=False`` with its code and text. Return None to let other plugins decide; the first
+        non-None result wins. When no plugin answers, the engine resumes the campaign after the
+        backoff as a trial (a half-open breaker): if the relay still fails, the breaker trips again.
+        Raising is allowed: the exception counts as a failed probe.
     """
 
 

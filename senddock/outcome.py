@@ -130,6 +130,13 @@ class Classification:
     :ivar retry_after: seconds the server asked us to wait, passed to ``compute_backoff``.
     :ivar about_recipient: the failure is about this recipient (counts towards nothing else);
         failures that are not (connection errors, relay policy) count towards pausing the campaign.
+    :ivar throttled: the receiver or provider asked us to slow down (SMTP 421, 4.7.x rate limits,
+        an API's Throttling): retried later without using up the recipient's ``retry.max_retries``,
+        and never counted towards pausing the campaign.
+    :ivar relay_trouble: the relay, its network or its mail system failed, not the recipient
+        (no connection, timeouts, X.3.x and X.4.x replies): retried without using up the recipient's
+        retries; counts towards pausing the campaign, and such a pause resumes by itself once the
+        relay answers a probe.
     """
 
     outcome: Outcome
@@ -137,6 +144,13 @@ class Classification:
     in_doubt: bool = False
     retry_after: float | None = None
     about_recipient: bool = False
+    throttled: bool = False
+    relay_trouble: bool = False
+
+    @property
+    def deferral(self) -> bool:
+        """A retry that does not use up the recipient's retries (throttling, relay trouble)."""
+        return self.outcome is Outcome.RETRY and (self.throttled or self.relay_trouble)
 
 
 @dataclass(frozen=True)

@@ -62,9 +62,11 @@ def suppressed(app) -> dict[str, str]:
         return dict(conn.execute("SELECT lower(email), reason FROM suppressions").fetchall())
 
 
-def start_node(config_path: Path, database_dsn: str, node: str, *extra: str) -> subprocess.Popen:
+def start_node(config_path: Path, database_dsn: str, node: str | None, *extra: str) -> subprocess.Popen:
+    """``senddock run`` as a subprocess; ``node`` None: no --node (the default name)."""
     env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn}
-    return subprocess.Popen([senddock_executable(), "run", "-c", str(config_path), "--node", node, *extra],
+    name = ["--node", node] if node is not None else []
+    return subprocess.Popen([senddock_executable(), "run", "-c", str(config_path), *name, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
 

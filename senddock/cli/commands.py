@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 
 import structlog
@@ -11,6 +12,7 @@ import structlog
 from senddock.api import Senddock
 from senddock.cli.output import Output, table
 from senddock.config import Config, find_config_path, load_config
+from senddock.durations import format_duration
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
 from senddock.plugins import describe
 
@@ -195,6 +197,17 @@ def campaign_send(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+def probe_line(status) -> str:
+    """How a pause for relay trouble is getting on: it resumes by itself once the relay answers."""
+    line = "resumes by itself when the relay answers"
+    if status.next_probe_at is not None:
+        wait = (status.next_probe_at - datetime.now(timezone.utc)).total_seconds()
+        line += f"; next probe in {format_duration(max(0.0, wait))}"
+    if status.probes_failed:
+        line += f"; {status.probes_failed} probes failed, last: {status.last_probe}"
+    return line
+
+
 def campaign_status(args: argparse.Namespace, out: Output) -> int:
     if args.watch:
         from senddock.cli.watch import watch
@@ -207,6 +220,8 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
     def human() -> str:
         lines = [f"campaign {status.campaign_id}: {status.status}"
                  + (f" ({status.paused_reason})" if status.paused_reason else "")]
+        if status.auto_resume:
+            lines.append(probe_line(status))
         if status.broadcast_id is None:
             lines.append("not sent yet")
             return "\n".join(lines)

@@ -21,6 +21,13 @@ def add_commands(camp, command, positive_int) -> None:
                    help="a failure reason from `campaign status` (never bounced, complained, unsubscribed, suppressed)")
     command(camp, "cancel", campaign_cancel, "fail every unsent job of a campaign as cancelled").add_argument(
         "id", type=positive_int, metavar="ID")
+    p = command(camp, "unsuppress", campaign_unsuppress,
+                "undo the suppressions a campaign's bounces made and put their jobs back in line")
+    p.add_argument("id", type=positive_int, metavar="ID")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--since-pause", action="store_true",
+                       help="those of the results that tripped its bounce-rate breaker, and after")
+    which.add_argument("--all", action="store_true", help="every suppression its bounces made")
 
 
 def _status_line(sd, campaign_id: int, what: str, out: Output) -> int:
@@ -52,3 +59,11 @@ def campaign_cancel(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         count = sd.cancel_campaign(args.id)
         return _status_line(sd, args.id, f"cancelled, {count} unsent jobs failed as cancelled", out)
+
+
+def campaign_unsuppress(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        done = sd.unsuppress_campaign(args.id, since_pause=args.since_pause)
+        paused = sd.campaign_status(args.id).status == "paused"
+        return _status_line(sd, args.id, f"{done.unsuppressed} addresses unsuppressed, {done.requeued} jobs back in "
+                                         f"line" + ("; `campaign resume` sends them" if paused else ""), out)

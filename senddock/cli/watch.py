@@ -1,5 +1,7 @@
 """`campaign status --watch`: follow a broadcast until it is finished, paused or cancelled.
 
+A pause for relay trouble resumes by itself once the relay answers: the view stays, showing it.
+
 On a terminal a live view (rich): a progress bar of done/total, counts per status, send rate and
 ETA, failures by reason. Piped, one plain line per interval. With --json, one JSON object (the
 final status) when it ends, as every command prints.
@@ -15,11 +17,16 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from senddock.cli.commands import probe_line
 from senddock.cli.output import Output
 from senddock.core.campaigns import CampaignStatus
 from senddock.errors import EXIT_OK
 
 ENDED = ("finished", "paused", "cancelled", "draft")
+
+
+def ended(status: CampaignStatus) -> bool:
+    return status.status in ENDED and not status.auto_resume
 
 
 class Rate:
@@ -58,7 +65,8 @@ def plain_line(status: CampaignStatus, rate: Rate) -> str:
             f"(sent {status.sent}, failed {status.failed}, retry {status.retry}, pending {status.pending}, "
             f"sending {status.sending}) {rate.per_second:.0f}/s"
             + (f" ETA {eta:.0f}s" if eta is not None and status.status == "sending" else "")
-            + (f" [failed: {reasons}]" if reasons else ""))
+            + (f" [failed: {reasons}]" if reasons else "")
+            + (f" [paused: {status.paused_reason}; {probe_line(status)}]" if status.auto_resume else ""))
 
 
 def _view(status: CampaignStatus, rate: Rate, bar: Progress, task) -> Group:
@@ -80,6 +88,8 @@ def _view(status: CampaignStatus, rate: Rate, bar: Progress, task) -> Group:
         parts.append(failures)
     if status.paused_reason:
         parts.append(f"paused: {status.paused_reason}")
+    if status.auto_resume:
+        parts.append(probe_line(status))
     return Group(*parts)
 
 
@@ -93,7 +103,7 @@ def watch(sd, campaign_id: int, out: Output, interval: float = 1.0) -> int:
             while True:
                 rate.add(done(status))
                 live.update(_view(status, rate, bar, task))
-                if status.status in ENDED:
+                if ended(status):
                     break
                 time.sleep(interval)
                 status = sd.campaign_status(campaign_id)
@@ -102,7 +112,7 @@ def watch(sd, campaign_id: int, out: Output, interval: float = 1.0) -> int:
         rate.add(done(status))
         if not out.json_mode:
             print(plain_line(status, rate), flush=True)
-        if status.status in ENDED:
+        if ended(status):
             break
         time.sleep(interval)
         status = sd.campaign_status(campaign_id)

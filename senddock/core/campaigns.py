@@ -35,6 +35,12 @@ class Campaign:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    paused_at: datetime | None
+    auto_resume: bool  # paused for relay trouble: resumes by itself once the relay answers a probe
+    probe_at: datetime | None
+    probes: int
+    probe_result: str | None
+    bounce_window_from: int | None
     lists: list[str]
 
 
@@ -71,6 +77,11 @@ class CampaignStatus:
     status: str
     paused_reason: str | None
     broadcast_id: int | None
+    # A pause for relay trouble resumes by itself: when the next probe is due, how many failed, the last answer.
+    auto_resume: bool = False
+    next_probe_at: datetime | None = None
+    probes_failed: int = 0
+    last_probe: str | None = None
     total: int = 0
     pending: int = 0
     sending: int = 0
@@ -214,6 +225,9 @@ def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatu
         "paused_reason": campaign.paused_reason,
         "broadcast_id": campaign.broadcast_id,
     }
+    if campaign.status == "paused" and campaign.auto_resume:
+        base.update(auto_resume=True, next_probe_at=campaign.probe_at, probes_failed=campaign.probes,
+                    last_probe=campaign.probe_result)
     if campaign.broadcast_id is None:
         return CampaignStatus(**base)
     params = {"broadcast_id": campaign.broadcast_id}
@@ -231,7 +245,8 @@ NEVER_REQUEUED = ("bounced", "complained", "unsubscribed", "suppressed")
 
 def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = "paused by the operator") -> None:
     """No more of its jobs are claimed (every node checks before each send); in-flight sends finish."""
-    if conn.execute(query("campaign_pause"), {"campaign_id": campaign_id, "reason": reason}).fetchone() is None:
+    params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": False, "probe_in": 0}
+    if conn.execute(query("campaign_pause"), params).fetchone() is None:
         status = get_campaign(conn, campaign_id).status
         raise InvalidState(f"campaign {campaign_id} is {status}: only a sending or scheduled campaign can be paused")
 
@@ -271,6 +286,30 @@ def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:
             raise InvalidState(f"campaign {campaign_id} is {status}, not paused: only a paused campaign can be resumed")
         broadcast_id = get_campaign(conn, campaign_id).broadcast_id
         conn.execute(query("notify_jobs"), {"broadcast_id": broadcast_id})
+
+
+@dataclass(frozen=True)
+class Unsuppressed:
+    campaign_id: int
+    unsuppressed: int  # suppressions removed
+    requeued: int  # their jobs, back in line
+
+
+def unsuppress_campaign(conn: psycopg.Connection, campaign_id: int, *, since_pause: bool) -> Unsuppressed:
+    """Undo the suppressions a campaign's bounces made (``since_pause``: only those of the window that
+    tripped its bounce-rate breaker) and put their jobs back in line."""
+    with conn.transaction():
+        campaign = get_campaign(conn, campaign_id)
+        if campaign.broadcast_id is None:
+            raise InvalidState(f"campaign {campaign_id} is {campaign.status}: it has not been sent")
+        if since_pause and campaign.bounce_window_from is None:
+            raise InvalidState(f"campaign {campaign_id} was never paused for its bounce rate: nothing to undo "
+                               "--since-pause (--all undoes every suppression its bounces made)")
+        row = conn.execute(query("campaign_unsuppress"),
+                           {"campaign_id": campaign_id, "since_pause": since_pause}).fetchone()
+        if row[4]:
+            conn.execute(query("notify_jobs"), {"broadcast_id": campaign.broadcast_id})
+    return Unsuppressed(campaign_id, unsuppressed=row[3], requeued=row[4])
 
 
 def delivery_log(conn: psycopg.Connection, campaign_id: int, *, email: str | None = None, outcome: str | None = None,

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 import structlog
@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
+from senddock.core.node_names import NodeNameTaken, check_lock_is_ours, claim_name
 from senddock.core.queries import query
 from senddock.errors import error_line
 
@@ -41,6 +42,7 @@ class NodeIdentity:
 
     @classmethod
     def new(cls, name: str) -> NodeIdentity:
+        """``name`` may be empty until the lifeline has chosen one (see node_names)."""
         return cls(id=uuid.uuid4(), name=name, host=socket.gethostname(), pid=os.getpid())
 
 
@@ -51,7 +53,8 @@ class Lifeline(threading.Thread):
         super().__init__(name="senddock-lifeline", daemon=True)
         self._config = config
         self._db = db
-        self._node = node
+        self.node = node  # its name is chosen (or checked) when the lifeline first connects
+        self._requested_name = node.name or None
         self._wake = wake
         self._heartbeat = config.recovery.heartbeat
         self._lease = config.recovery.lease
@@ -86,6 +89,14 @@ class Lifeline(threading.Thread):
                 with self._connect() as conn:
                     backoff = 0.1
                     self._serve(conn)
+            except NodeNameTaken as exc:
+                # Another live process holds this node's name (it took it while we were away):
+                # two live processes of one name could take each other's jobs. Stop the node.
+                self._lock_held = False
+                self.error = exc
+                log.error("node_name_taken", node=self.node.name, error=str(exc))
+                self.registered.set()
+                return
             except Exception as exc:
                 self._lock_held = False  # the session that held it is gone
                 if not self.registered.is_set() and not isinstance(exc, (psycopg.OperationalError, OSError)):
@@ -102,23 +113,27 @@ class Lifeline(threading.Thread):
         # Session locks and LISTEN need a real session: behind PgBouncer in transaction mode,
         # database.direct_dsn names a direct one.
         dsn = self._config.database.direct_dsn or self._db.dsn
-        kwargs = {**self._db.connect_kwargs(), "application_name": f"senddock-lifeline {self._node.name}"}
+        kwargs = {**self._db.connect_kwargs(), "application_name": f"senddock-lifeline {self.node.name or '?'}"[:63]}
         return psycopg.connect(dsn, **kwargs)
 
     def _serve(self, conn: psycopg.Connection) -> None:
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.
         ensure_epoch(conn)
+        name = claim_name(conn, self.node.name or self._requested_name, node_id=self.node.id, lock_class=LOCK_CLASS,
+                          wait=self._lease, stopping=self._stop_event)
         if self.lock_id is None:
+            self.node = replace(self.node, name=name)
             self.lock_id = conn.execute(
                 query("node_register"),
-                {"node_id": self._node.id, "name": self._node.name, "host": self._node.host, "pid": self._node.pid},
+                {"node_id": self.node.id, "name": self.node.name, "host": self.node.host, "pid": self.node.pid},
             ).fetchone()[0]
         self._take_lock(conn)
+        check_lock_is_ours(conn, LOCK_CLASS, self.lock_id)
         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
         self._beat(conn)
         self._lock_held = True
         self.registered.set()
-        log.info("lifeline_up", node=self._node.name, node_id=str(self._node.id), lock_id=self.lock_id)
+        log.info("lifeline_up", node=self.node.name, node_id=str(self.node.id), lock_id=self.lock_id)
         self._wake()  # work may have arrived while we were away
         next_beat = time.monotonic() + self._heartbeat
         while not self._stop_event.is_set():
@@ -132,7 +147,7 @@ class Lifeline(threading.Thread):
                 self._beat(conn)
                 next_beat = time.monotonic() + self._heartbeat
         self._lock_held = False
-        conn.execute(query("node_stopped"), {"node_id": self._node.id})
+        conn.execute(query("node_stopped"), {"node_id": self.node.id})
 
     def _take_lock(self, conn: psycopg.Connection) -> None:
         """After a reconnect the old session may linger on the server for a moment: wait for it."""
@@ -145,7 +160,12 @@ class Lifeline(threading.Thread):
     def _beat(self, conn: psycopg.Connection) -> None:
         # The time before the statement: heartbeat_at is the statement's start on the database.
         sent = time.monotonic()
-        conn.execute(query("node_heartbeat"), {"node_id": self._node.id})
+        row = conn.execute(query("node_heartbeat"),
+                           {"node_id": self.node.id, "lock_class": LOCK_CLASS, "lock_id": self.lock_id}).fetchone()
+        if row is None or not row[0]:
+            # Not the session that holds our lock (a pooler moved us, or the lock is gone).
+            self._lock_held = False
+            raise psycopg.OperationalError("the lifeline's session no longer holds the node's lock")
         self._last_ok = sent
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
+from senddock.config import BreakerSettings
 from senddock.core.nodes import LOCK_CLASS, NodeIdentity
 from senddock.core.queries import query
 
@@ -26,6 +27,7 @@ class ClaimedJob:
     name: str
     attributes: dict[str, Any]
     attempts: int
+    deferrals: int  # retries that did not use up the recipient's retries (throttling, relay trouble)
     claim_token: uuid.UUID | None
     age: float  # seconds since its first attempt, on the database's clock (0 before any)
     suppressed: bool
@@ -49,6 +51,7 @@ class JobResult:
     provider_message_id: str | None = None
     ok: bool = False  # the transport reported the message accepted
     bounce: bool = False
+    deferred: bool = False  # a retry that does not use up the recipient's retries
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Queue:
             "attempt": attempt,
             "status": result.status,
             "counts": int(result.counts),
+            "deferred": int(result.deferred),
             "delay": result.delay,
             "failure_reason": result.failure_reason,
             # Servers' text goes into text columns: a NUL byte would make the whole commit fail.
@@ -124,11 +128,10 @@ class Queue:
             # The pending hooks row commits with the bounce, so a crash cannot lose the suppression.
             with self.conn.transaction():
                 recorded, next_status, _ = self.conn.execute(query("job_record_result"), params).fetchone()
-                if recorded:
-                    self.conn.execute(query("job_record_bounce"), {
-                        "job_id": job.id, "campaign_id": job.campaign_id, "code": result.code,
-                        "enhanced_code": result.enhanced_code, "diagnostic": params["last_result"],
-                        "node_id": self.node.id})
+                self.conn.execute(query("job_record_bounce"), {
+                    "job_id": job.id, "broadcast_id": job.broadcast_id, "campaign_id": job.campaign_id,
+                    "email": job.email, "code": result.code, "enhanced_code": result.enhanced_code,
+                    "diagnostic": params["last_result"], "node_id": self.node.id})
         else:
             recorded, next_status, _ = self.conn.execute(query("job_record_result"), params).fetchone()
         late_sent = False
@@ -182,8 +185,31 @@ class Queue:
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
             return cur.execute(query("jobs_recover"), params).fetchall()
 
-    def pause_campaign(self, campaign_id: int, reason: str) -> bool:
-        return self.conn.execute(query("campaign_pause"), {"campaign_id": campaign_id, "reason": reason}).fetchone() is not None
+    def pause_campaign(self, campaign_id: int, reason: str, *, auto_resume: bool = False, probe_in: float = 0.0) -> bool:
+        params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": auto_resume, "probe_in": probe_in}
+        return self.conn.execute(query("campaign_pause"), params).fetchone() is not None
+
+    def bounce_check(self, campaign_id: int, broadcast_id: int, breaker: BreakerSettings) -> tuple[bool, bool]:
+        """The bounce-rate breaker after a bounce: (tripped now, the campaign's bounces are held)."""
+        params = {"campaign_id": campaign_id, "broadcast_id": broadcast_id, "rate": breaker.bounce_rate,
+                  "window": breaker.bounce_window, "early_bounces": breaker.early_bounces,
+                  "early_window": breaker.early_window}
+        return self.conn.execute(query("campaign_bounce_check"), params).fetchone()
+
+    def probe_due(self, interval: float, max_interval: float) -> tuple[int, int, str] | None:
+        """A campaign paused for relay trouble whose probe is due: (id, probes so far, reason)."""
+        params = {"interval": interval, "max_interval": max_interval}
+        return self.conn.execute(query("campaign_probe_due"), params).fetchone()
+
+    def probe_failed(self, campaign_id: int, result: str) -> None:
+        self.conn.execute(query("campaign_probe_failed"), {"campaign_id": campaign_id, "result": result})
+
+    def auto_resume(self, campaign_id: int, result: str) -> bool:
+        with self.conn.transaction():
+            row = self.conn.execute(query("campaign_auto_resume"), {"campaign_id": campaign_id, "result": result}).fetchone()
+            if row is not None:
+                self.conn.execute(query("notify_jobs"), {"broadcast_id": row[0]})
+        return row is not None
 
     def finish_campaigns(self, broadcast_id: int | None = None) -> list[tuple[int, int]]:
         with self.conn.transaction():
@@ -209,6 +235,9 @@ class Queue:
 
     def bounce_done(self, job_id: int) -> None:
         self.conn.execute(query("bounce_done"), {"job_id": job_id})
+
+    def bounce_hold(self, job_id: int) -> None:
+        self.conn.execute(query("bounce_hold"), {"job_id": job_id})
 
     def bounce_retry_later(self, job_id: int) -> None:
         self.conn.execute(query("bounce_retry_later"), {"job_id": job_id})

@@ -53,13 +53,15 @@ def classify(pm: pluggy.PluginManager, config: Config, result: SendResult, messa
     return verdict or defaults.classify_result(result=result)
 
 
-def backoff(pm: pluggy.PluginManager, config: Config, attempt: int, verdict: Classification, age: float) -> RetryDecision:
+def backoff(pm: pluggy.PluginManager, config: Config, attempt: int, verdict: Classification, age: float,
+            deferrals: int = 0) -> RetryDecision:
+    kwargs = {"attempt": attempt, "classification": verdict, "age": age, "config": config, "deferrals": deferrals}
     try:
-        decision = pm.hook.compute_backoff(attempt=attempt, classification=verdict, age=age, config=config)
+        decision = pm.hook.compute_backoff(**kwargs)
     except Exception as exc:
         log.error("plugin_failed", hook="compute_backoff", error=repr(exc))
         decision = None
-    return decision or defaults.compute_backoff(attempt=attempt, classification=verdict, age=age, config=config)
+    return decision or defaults.compute_backoff(**kwargs)
 
 
 def job_result(
@@ -71,6 +73,7 @@ def job_result(
     attempt: int,
     age: float,
     attempts_before: int,
+    deferrals_before: int = 0,
 ) -> JobResult:
     """The job's next state for this classification."""
     common: dict[str, Any] = {
@@ -92,7 +95,14 @@ def job_result(
     if outcome is Outcome.PAUSE:
         # Not the recipient's fault: the attempt does not count, the job goes back as it was.
         return JobResult(status="pending" if attempts_before == 0 else "retry", outcome="pause", counts=False, **common)
-    decision = backoff(pm, config, attempt, verdict, age)
+    if verdict.deferral:
+        # Throttling or relay trouble: not the recipient's attempt. It does not use up their
+        # retries; the deferrals in a row make its backoff grow (bounded by retry.max_age).
+        decision = backoff(pm, config, attempts_before + 1, verdict, age, deferrals_before + 1)
+        if decision.stop:
+            return JobResult(status="failed", outcome="retry", counts=True, failure_reason=decision.reason, **common)
+        return JobResult(status="retry", outcome="retry", counts=False, delay=decision.delay, deferred=True, **common)
+    decision = backoff(pm, config, attempt, verdict, age, deferrals_before)
     if decision.stop:
         return JobResult(status="failed", outcome="retry", counts=True, failure_reason=decision.reason, **common)
     return JobResult(status="retry", outcome="retry", counts=True, delay=decision.delay, **common)

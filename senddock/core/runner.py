@@ -22,20 +22,20 @@ import structlog
 
 from senddock.compose import Composer
 from senddock.config import Config
+from senddock.core.breaker import FailureRuns, Prober
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.queue import Queue
 from senddock.core.suppressions import Suppressions
 from senddock.core.worker import Worker
-from senddock.errors import DatabaseError, error_line
+from senddock.errors import DatabaseError, SenddockError, error_line
 from senddock.outcome import (
     Bounce,
     BounceKind,
     BounceSource,
     Classification,
     JobRef,
-    Outcome,
 )
 
 log = structlog.get_logger(__name__)
@@ -71,7 +71,8 @@ class Runner:
         # One connection per worker, plus the chores and the suppressions' writes.
         pool_size = max(config.database.pool_size, self.worker_count + 3)
         self.db = db or Database(config.database, application_name="senddock-run", pool_size=pool_size)
-        self.node = NodeIdentity.new(node_name or config.node_name)
+        # The name is taken (or chosen) by the lifeline when it registers the node.
+        self.node = NodeIdentity.new(node_name or config.node_name or "")
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self.stats = RunStats()
@@ -79,9 +80,9 @@ class Runner:
         # Before the first claim: a DKIM key that cannot be read stops the node at start-up.
         self.composer = Composer(config)
         self._wake = threading.Condition()
-        self._failures: Counter = Counter()
-        self._failures_lock = threading.Lock()
+        self.failure_runs = FailureRuns(config.max_consecutive_failures)
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
+        self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
         self.workers: list[Worker] = []
         # Claim tokens of the batches workers hold; set.add/discard are atomic under the GIL.
         self.held_tokens: set = set()
@@ -116,26 +117,35 @@ class Runner:
             with self.db.connection() as conn:
                 yield self.queue(conn)
 
-    def pause_campaign(self, campaign_id: int, reason: str, queue: Queue | None = None) -> None:
+    def pause_campaign(self, campaign_id: int, reason: str, queue: Queue | None = None, *,
+                       auto_resume: bool = False) -> None:
+        probe_in = self.config.breaker.probe_interval
         with self._queue_for(queue) as q:
-            if q.pause_campaign(campaign_id, reason):
-                log.warning("campaign_paused", campaign_id=campaign_id, reason=reason)
-        with self._failures_lock:
-            self._failures.pop(campaign_id, None)
+            if q.pause_campaign(campaign_id, reason, auto_resume=auto_resume, probe_in=probe_in):
+                log.warning("campaign_paused", campaign_id=campaign_id, reason=reason,
+                            resumes="when the relay answers a probe" if auto_resume else "by `campaign resume`")
+        self.failure_runs.forget(campaign_id)
 
     def track_failures(self, campaign_id: int, verdict: Classification, queue: Queue | None = None) -> None:
         """Pause a campaign after too many failures in a row that no recipient caused."""
-        not_about_recipient = verdict.outcome in (Outcome.RETRY, Outcome.FAIL) and not verdict.about_recipient
-        with self._failures_lock:
-            if not not_about_recipient:
-                self._failures.pop(campaign_id, None)
+        trip = self.failure_runs.track(campaign_id, verdict)
+        if trip is not None:
+            self.pause_campaign(campaign_id, trip.reason, queue, auto_resume=trip.auto_resume)
+
+    def bounced(self, bounce: Bounce, queue: Queue | None = None) -> None:
+        """After a bounce is recorded: the bounce-rate breaker, then the hooks unless it holds them."""
+        job = bounce.job
+        with self._queue_for(queue) as q:
+            tripped, holding = q.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
+            if tripped:
+                self.failure_runs.forget(job.campaign_id)
+                log.warning("campaign_paused", campaign_id=job.campaign_id, reason="bounce_rate",
+                            resumes="by `campaign resume` (the bounces were real) or after "
+                                    "`campaign unsuppress --since-pause` (they were not)")
+            if holding:
+                q.bounce_hold(job.job_id)  # its hooks wait until a person decides
                 return
-            self._failures[campaign_id] += 1
-            reached = self._failures[campaign_id] >= self.config.max_consecutive_failures
-        if reached:
-            self.pause_campaign(
-                campaign_id, f"{self.config.max_consecutive_failures} consecutive failures: {verdict.reason}", queue
-            )
+        self.run_bounce_hooks(bounce, queue)
 
     def run_bounce_hooks(self, bounce: Bounce, queue: Queue | None = None) -> bool:
         """on_bounced for every plugin, outside any transaction; the pending row goes once all returned."""
@@ -159,17 +169,24 @@ class Runner:
     def run(self) -> dict[str, int]:
         started = time.monotonic()
         self.lifeline.start()
-        if not self.lifeline.registered.wait(self.config.database.connect_timeout + 5) or self.lifeline.error:
+        if not self.lifeline.registered.wait(self.config.database.connect_timeout + self.config.recovery.lease + 5) \
+                or self.lifeline.error:
             self.lifeline.stop()
+            if isinstance(self.lifeline.error, SenddockError):
+                raise self.lifeline.error
             raise DatabaseError(f"cannot register the node: {self.lifeline.error or 'the database did not answer'}")
+        self.node = self.lifeline.node
         log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
                  workers=self.worker_count, transport=self.config.transport)
         self._chores()  # recover earlier incarnations of this node at once, before any claim
         self.workers = [Worker(self, i) for i in range(self.worker_count)]
         for worker in self.workers:
             worker.start()
+        self.prober.start()
         try:
             while not self.stopping.wait(self.config.poll_interval):
+                if self.lifeline.error is not None:
+                    break  # its name was taken by another live process: stop before anyone sends twice
                 self._chores()
                 if self.exit_when_idle and self._idle():
                     log.info("node_idle")
@@ -179,6 +196,8 @@ class Runner:
             self._shutdown()
         summary = {**self.stats.snapshot(), "seconds": round(time.monotonic() - started, 1)}
         log.info("node_stopped", node=self.node.name, node_id=str(self.node.id), **summary)
+        if self.lifeline.error is not None:
+            raise self.lifeline.error
         return summary
 
     def _chores(self) -> None:
@@ -229,6 +248,8 @@ class Runner:
         stuck = [w.name for w in self.workers if w.is_alive()]
         if stuck:
             log.error("shutdown_timeout", workers=stuck)
+        if self.prober.is_alive():
+            self.prober.join(max(1.0, deadline - time.monotonic()))
         self.lifeline.stop()
         self.lifeline.join(5)
         self.db.close()

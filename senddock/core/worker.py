@@ -77,6 +77,8 @@ class Worker(threading.Thread):
         self._async_results = runner.config.database.result_commit == "async"
         # Batches whose tokens are held: the current one, and earlier ones not settled yet.
         self._held: list[_Batch] = []
+        # Broadcasts this worker recorded results for since it last tried to finish campaigns.
+        self._touched: set[int] = set()
 
     def run(self) -> None:
         runner = self.runner
@@ -188,9 +190,12 @@ class Worker(threading.Thread):
                 live = [j for j in batch.jobs if not j.suppressed]
                 if live:
                     self._send_batch(queue, batch, live)
-                if len(batch.jobs) < runner.config.claim_batch:
-                    # The queue is running dry: the last results may have finished a campaign.
-                    runner.finish_campaigns(queue, {j.broadcast_id for j in batch.jobs})
+                self._touched.update(j.broadcast_id for j in batch.jobs)
+                if len(batch.jobs) < runner.config.claim_batch and self._touched:
+                    # The queue is running dry: this worker's last results (in this batch or the
+                    # full one before an empty claim) may have finished a campaign.
+                    runner.finish_campaigns(queue, self._touched)
+                    self._touched = set()
             except psycopg.OperationalError:
                 # The connection broke between sends (in the claim, or between two results). The
                 # batch stays held and is settled on the next connection.
@@ -237,7 +242,8 @@ class Worker(threading.Thread):
         # since: retry.max_age never mixes two clocks.
         age = job.age + (time.monotonic() - job.claimed_monotonic)
         outcome = results.job_result(
-            runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts
+            runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts,
+            deferrals_before=job.deferrals,
         )
         item = _Result(job, job.attempts + (1 if outcome.counts else 0), started_at, outcome)
         recorded = self._record(queue, batch, item, next_job)
@@ -295,12 +301,13 @@ class Worker(threading.Thread):
             in_doubt=outcome.in_doubt or None,
         )
         runner.stats.count(outcome.outcome if recorded.recorded else "claim_lost")
-        if not recorded.recorded:
-            return
         if recorded.batch_released:
             queue = None  # the worker's connection is gone; the runner uses a pooled one
         if outcome.bounce:
-            runner.run_bounce_hooks(self._bounce(job, outcome), queue)
+            # Even under a lost claim: the address is dead whoever owns the job now.
+            runner.bounced(self._bounce(job, outcome), queue)
+        if not recorded.recorded:
+            return
         if outcome.outcome == "pause":
             runner.pause_campaign(job.campaign_id, verdict.reason, queue)
         else:

@@ -48,7 +48,7 @@ def test_bounces_retries_and_sender_problems(app_for, smtp_sink):
     smtp_sink.handler.rules = [
         FailRule.parse("bounce*@*=550 5.1.1 no such user"),
         FailRule.parse("gone*@*=550 mailbox does not exist"),
-        FailRule.parse("later*@*=451 4.7.1 try again"),
+        FailRule.parse("later*@*=450 4.2.0 mailbox busy, try again"),
         FailRule.parse("*@badsender.example=553 5.1.8 Sender address rejected: domain not found"),
     ]
     app = app_for(fast_settings(smtp_sink.port))
@@ -71,8 +71,8 @@ def test_bounces_retries_and_sender_problems(app_for, smtp_sink):
                                "WHERE job_id = (SELECT id FROM broadcast_jobs WHERE email = 'later1@example.com') "
                                "ORDER BY attempt").fetchall()
     assert code == ("550 5.1.1", "550 5.1.1 no such user")
-    assert retries == [(1, "retry", 451, "4.7.1", "rcpt"), (2, "retry", 451, "4.7.1", "rcpt"),
-                       (3, "retry", 451, "4.7.1", "rcpt")]
+    assert retries == [(1, "retry", 450, "4.2.0", "rcpt"), (2, "retry", 450, "4.2.0", "rcpt"),
+                       (3, "retry", 450, "4.2.0", "rcpt")]
     # The next campaign skips the bounced addresses.
     smtp_sink.handler.rules = []
     second = make_broadcast(app, [], name="Second")

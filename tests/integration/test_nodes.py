@@ -239,7 +239,7 @@ def test_a_plugin_whose_hook_raises_fails_jobs_not_workers(make_config, smtp_sin
     plugin.write_text(f"from senddock import hookimpl\n\n@hookimpl(tryfirst=True)\n{body}", encoding="utf-8")
     monkeypatch.syspath_prepend(str(plugin.parent))
     if hook == "compute_backoff":
-        smtp_sink.handler.rules = [FailRule.parse("boom*@*=451 4.3.0 later")]
+        smtp_sink.handler.rules = [FailRule.parse("boom*@*=450 4.2.0 mailbox busy, later")]
     app = Senddock(make_config(fast_settings(smtp_sink.port, plugins={"load": [f"acme_buggy_{hook}"]})))
     campaign_id = make_broadcast(app, ["boom1@example.com", "fine@example.com", "boom2@example.com"])
     drain(app.config)

@@ -234,7 +234,9 @@ def test_connections_are_reused_and_reopened_after_max_messages_and_after_a_421(
     """One worker: messages share a connection up to max_messages_per_connection; a 421 (the
     server closing the session) makes the next message open a fresh one."""
     smtp_sink.handler.rules = [FailRule.parse("user4@*=421 4.7.0 closing connection")]
-    settings = fast_settings(smtp_sink.port, workers=1, claim_batch=20)
+    # A 421 is throttling: it never uses up max_retries, so only max_age ends user4's retries.
+    settings = fast_settings(smtp_sink.port, workers=1, claim_batch=20,
+                             retry={"schedule": ["500ms"], "max_retries": 1, "jitter": 0, "max_age": "2s"})
     settings["smtp"]["max_messages_per_connection"] = 3
     app = Senddock(make_config(settings))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(10)])
@@ -245,7 +247,11 @@ def test_connections_are_reused_and_reopened_after_max_messages_and_after_a_421(
     # Sent in id order: three per connection; user4's 421 ends the second one after user3.
     assert list(by_connection.values()) == [["user0", "user1", "user2"], ["user3"], ["user5", "user6", "user7"],
                                             ["user8", "user9"]]
-    # user4 is answered 421 every time: retried, then failed, never suppressed.
-    assert jobs_by_email(app, campaign_id)["user4@example.com"] == ("failed", "retries_exhausted", 3)
+    # user4 is answered 421 every time: deferred (more often than max_retries allows a recipient's
+    # own failures), then failed once retry.max_age passed, never suppressed.
+    assert jobs_by_email(app, campaign_id)["user4@example.com"] == ("failed", "expired", 1)
+    with app.db.connection() as conn:
+        deferrals = conn.execute("SELECT deferrals FROM broadcast_jobs WHERE email = 'user4@example.com'").fetchone()[0]
+    assert deferrals > 1  # more than max_retries
     assert suppressed(app) == {}
     app.close()

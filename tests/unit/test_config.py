@@ -39,7 +39,10 @@ def test_defaults():
     assert config.retry.jitter == 0.1
     assert (config.recovery.heartbeat, config.recovery.lease, config.recovery.in_doubt) == (5, 30, "retry")
     assert config.logging.format == "auto"
-    assert config.node_name  # the host name
+    assert config.node_name is None  # chosen at start: the first free of HOST, HOST-2...
+    assert config.retry.max_age == 5 * 86400
+    assert (config.breaker.bounce_rate, config.breaker.bounce_window) == (0.2, 100)
+    assert (config.breaker.early_bounces, config.breaker.early_window) == (5, 10)
 
 
 def test_embedded_path_is_relative_to_the_config_file(tmp_path: Path):

@@ -47,7 +47,22 @@ def test_server_requested_wait_is_honoured(tmp_path: Path):
 def test_max_age_gives_up(tmp_path: Path):
     config = config_with(tmp_path, "retry:\n  jitter: 0\n  max_age: 10m\n")
     assert defaults.compute_backoff(attempt=3, classification=RETRY, age=60, config=config).delay == 480
-    assert defaults.compute_backoff(attempt=3, classification=RETRY, age=200, config=config).stop
+    late = defaults.compute_backoff(attempt=3, classification=RETRY, age=200, config=config)
+    assert late.stop and late.reason == "expired"
+
+
+@pytest.mark.parametrize("flag", ["throttled", "relay_trouble"])
+def test_throttling_and_relay_trouble_never_use_up_max_retries(tmp_path: Path, flag: str):
+    config = config_with(tmp_path, "retry:\n  jitter: 0\n  max_retries: 1\n")
+    deferral = Classification(Outcome.RETRY, "throttled", **{flag: True})
+    # Far past max_retries, the delay follows the schedule by the deferrals in a row...
+    delays = [defaults.compute_backoff(attempt=1, classification=deferral, age=0, config=config, deferrals=n).delay
+              for n in range(1, 8)]
+    assert delays == [30, 120, 480, 1800, 3600, 3600, 3600]
+    # ... and only retry.max_age (5 days by default) ends them.
+    assert config.retry.max_age == 5 * 86400
+    expired = defaults.compute_backoff(attempt=1, classification=deferral, age=5 * 86400, config=config, deferrals=50)
+    assert expired.stop and expired.reason == "expired"
 
 
 @pytest.mark.parametrize(

@@ -46,6 +46,9 @@ def test_api_error_classification(code, message, status, outcome, reason):
     verdict = classify(api_error(code, message, status))
     assert (verdict.outcome, verdict.reason) == (outcome, reason)
     assert not verdict.about_recipient and verdict.outcome is not Outcome.BOUNCE
+    # Throttling uses up no retries and never pauses; the provider's own errors are relay trouble.
+    assert verdict.throttled == (reason == "throttled")
+    assert verdict.relay_trouble == (reason == "provider_error")
 
 
 def test_success():
@@ -68,6 +71,7 @@ def test_network_errors_retry_and_a_read_timeout_is_in_doubt(error, may_have_sen
     result = SendResult("ses_like", ok=False, text=str(error), phase="api", error=error, may_have_sent=may_have_sent)
     verdict = classify(result)
     assert (verdict.outcome, verdict.reason, verdict.in_doubt) == (Outcome.RETRY, "connection_error", in_doubt)
+    assert verdict.relay_trouble
 
 
 def test_a_bug_in_the_transport_is_a_failure_not_a_retry():

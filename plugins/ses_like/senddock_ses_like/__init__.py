@@ -65,6 +65,13 @@ def send_message(
 
 
 @hookimpl
+def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
+    if transport != TRANSPORT:
+        return None
+    return _transport.probe(config.section("ses_like"))
+
+
+@hookimpl
 def classify_result(result: SendResult) -> Classification | None:
     if result.transport != TRANSPORT:
         return None

@@ -1,14 +1,16 @@
 """What an SES-style API answer means for the job: the whole table in one place, one test per row.
 
 With an API, a dead address is not refused at send time: it shows up later as a bounce
-notification (``senddock events ingest``). So nothing here ever suppresses anyone.
+notification (``senddock events ingest``). So nothing here ever suppresses anyone. Throttling
+retries without using up the recipient's retries and never pauses; trouble reaching the API
+counts towards pausing the campaign, and that pause resumes once the API answers a probe.
 
 | answer                                                         | outcome                        |
 |----------------------------------------------------------------|--------------------------------|
 | 200 with a MessageId                                           | sent                           |
-| TooManyRequestsException (429)                                 | retry                          |
-| Throttling "Maximum sending rate exceeded"                     | retry                          |
-| HTTP 5xx, network errors, timeouts                             | retry (in doubt after sending) |
+| TooManyRequestsException (429)                                 | retry, throttled               |
+| Throttling "Maximum sending rate exceeded"                     | retry, throttled               |
+| HTTP 5xx, network errors, timeouts                             | retry, relay trouble (in doubt after sending) |
 | Throttling "Daily message quota exceeded"                      | pause: daily_quota_exceeded    |
 | AccountSuspendedException                                      | pause: account_suspended       |
 | SendingPausedException                                         | pause: sending_paused          |
@@ -60,12 +62,12 @@ def classify(result: SendResult) -> Classification:
     if code is None:
         if result.error is not None and not isinstance(result.error, BotoCoreError):
             return Classification(Outcome.FAIL, "plugin_error")  # a bug, not the network
-        return Classification(Outcome.RETRY, "connection_error", in_doubt=result.may_have_sent)
+        return Classification(Outcome.RETRY, "connection_error", in_doubt=result.may_have_sent, relay_trouble=True)
     text = result.text.lower()
     if code in THROTTLED:
         if "daily message quota" in text:
             return Classification(Outcome.PAUSE, "daily_quota_exceeded")
-        return Classification(Outcome.RETRY, "throttled", retry_after=THROTTLE_WAIT)
+        return Classification(Outcome.RETRY, "throttled", retry_after=THROTTLE_WAIT, throttled=True)
     if code in PAUSE:
         return Classification(Outcome.PAUSE, PAUSE[code])
     if code in CREDENTIALS:
@@ -75,5 +77,5 @@ def classify(result: SendResult) -> Classification:
     if code in CONFIGURATION:
         return Classification(Outcome.FAIL, CONFIGURATION[code])
     if result.code is not None and result.code >= 500:
-        return Classification(Outcome.RETRY, "provider_error")
+        return Classification(Outcome.RETRY, "provider_error", relay_trouble=True)
     return Classification(Outcome.FAIL, "rejected")

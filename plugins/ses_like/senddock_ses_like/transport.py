@@ -96,6 +96,27 @@ def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMap
                       text=f"accepted as {message_id}", phase="api", provider_message_id=message_id)
 
 
+def probe(settings: Mapping[str, Any]) -> SendResult:
+    """One cheap read call (GetAccount) to see whether the API answers again. Any answer but a
+    throttle or a server error means it does: a refusal of our credentials, for one, is something
+    the next send reports and pauses on for a person to fix."""
+    ses = client(settings)
+    try:
+        ses.get_account()
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        answered = status < 500 and error.get("Code") not in ("Throttling", "ThrottlingException",
+                                                               "TooManyRequestsException")
+        return SendResult(TRANSPORT, ok=answered, code=status, phase="api",
+                          text=f"{error.get('Code', 'Error')}: {error.get('Message', '')}")
+    except BotoCoreError as exc:
+        return SendResult(TRANSPORT, ok=False, text=f"{type(exc).__name__}: {exc}", phase="connect", error=exc)
+    finally:
+        ses.close()
+    return SendResult(TRANSPORT, ok=True, code=200, phase="api", text="the API answered")
+
+
 def close(worker_state: MutableMapping[str, Any]) -> None:
     ses = worker_state.pop(_STATE_KEY, None)
     if ses is not None:

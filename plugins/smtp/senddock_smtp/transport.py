@@ -122,6 +122,25 @@ def _login(conn: smtplib.SMTP, username: str, password: str) -> None:
         raise PhaseError("auth", 504, str(exc)) from exc
 
 
+def probe(settings: Mapping[str, Any]) -> SendResult:
+    """Open a session as a send would (greeting, EHLO, STARTTLS, AUTH), then QUIT: is the relay back?"""
+    try:
+        conn = _open(settings)
+    except PhaseError as exc:
+        return result_for(exc.phase, exc.code, exc.text)
+    except (OSError, smtplib.SMTPException) as exc:
+        return SendResult(TRANSPORT, ok=False, text=f"{type(exc).__name__}: {exc}".rstrip(": "), phase="connect",
+                          error=exc)
+    try:
+        code, reply = conn.noop()
+    except (OSError, smtplib.SMTPException) as exc:
+        conn.close()
+        return SendResult(TRANSPORT, ok=False, text=f"{type(exc).__name__}: {exc}".rstrip(": "), phase="session",
+                          error=exc)
+    close({_STATE_KEY: _Connection(conn)})
+    return result_for("session", code, _text(reply), ok=200 <= code < 300)
+
+
 def envelope_sender(message: Message, settings: Mapping[str, Any]) -> str:
     """The MAIL FROM address: ``return_path`` with the message's VERP token, or the From address."""
     template = settings.get("return_path")

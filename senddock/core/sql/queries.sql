@@ -84,6 +84,7 @@ ON CONFLICT DO NOTHING;
 -- name: campaign_get
 SELECT c.id, c.name, c.subject, c.from_addr, c.reply_to, c.text_body, c.html_body, c.status,
        c.paused_reason, c.broadcast_id, c.send_at, c.created_at, c.started_at, c.finished_at,
+       c.paused_at, c.auto_resume, c.probe_at, c.probes, c.probe_result, c.bounce_window_from,
        coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists
 FROM campaigns c
 LEFT JOIN campaign_lists cl ON cl.campaign_id = c.id
@@ -214,8 +215,38 @@ RETURNING lock_id;
 -- name: node_lock
 SELECT pg_try_advisory_lock(%(lock_class)s, %(lock_id)s);
 
+-- name: node_name_lock
+-- One live process per node name: held on the lifeline for the process's life.
+SELECT pg_try_advisory_lock(%(name_class)s, hashtext(%(name)s));
+
+-- name: node_name_holder
+-- The live incarnation (not this one) holding a node name: its own lifeline lock is granted.
+SELECT n.host, n.pid, n.started_at
+  FROM nodes n
+ WHERE n.name = %(name)s AND n.id IS DISTINCT FROM %(node_id)s
+   AND EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'advisory' AND l.granted
+                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  AND l.classid = %(lock_class)s::oid AND l.objid = n.lock_id::oid AND l.objsubid = 2)
+ ORDER BY n.started_at DESC
+ LIMIT 1;
+
+-- name: node_lock_is_ours
+-- Whether the backend answering this statement holds the node's lock (it does not behind a
+-- pooler in transaction mode, which runs each transaction on whichever server connection is free).
+SELECT EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
+                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  AND l.classid = %(lock_class)s::oid AND l.objid = %(lock_id)s::oid AND l.objsubid = 2);
+
 -- name: node_heartbeat
-UPDATE nodes SET heartbeat_at = now() WHERE id = %(node_id)s;
+-- Also says whether the backend answering still holds the node's lock: a heartbeat from a session
+-- that does not would prove nothing.
+UPDATE nodes SET heartbeat_at = now() WHERE id = %(node_id)s
+RETURNING EXISTS (SELECT 1 FROM pg_locks l
+                   WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
+                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                     AND l.classid = %(lock_class)s::oid AND l.objid = %(lock_id)s::oid AND l.objsubid = 2);
 
 -- name: node_stopped
 UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s;
@@ -279,7 +310,7 @@ UPDATE broadcast_jobs j
   FROM due, durable, subscribers s
  WHERE j.id = due.id AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
-          j.attempts, j.claim_token,
+          j.attempts, j.deferrals, j.claim_token,
           coalesce(extract(epoch FROM now() - j.first_attempt_at), 0)::float8 AS age, due.suppressed;
 
 -- name: job_record_result
@@ -291,6 +322,7 @@ WITH result AS (
     UPDATE broadcast_jobs
        SET status = %(status)s,
            attempts = attempts + %(counts)s,
+           deferrals = deferrals + %(deferred)s,
            next_attempt_at = CASE WHEN %(delay)s::float8 IS NULL THEN next_attempt_at
                                   ELSE now() + make_interval(secs => %(delay)s::float8) END,
            failure_reason = %(failure_reason)s,
@@ -330,12 +362,11 @@ SELECT EXISTS (
 );
 
 -- name: job_record_bounce
--- A bounced job's pending on_bounced hooks, in the same commit as its result would be: written
--- only when the result was ours to record.
+-- A bounced job's pending on_bounced hooks, in the same commit as its result. Written even when
+-- the claim was lost (another node took the job): the address is dead whoever owns the job now.
 INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code, diagnostic, node_id)
-SELECT j.id, j.broadcast_id, %(campaign_id)s, j.email, %(code)s, %(enhanced_code)s, %(diagnostic)s, %(node_id)s
-  FROM broadcast_jobs j
- WHERE j.id = %(job_id)s AND j.status = 'failed' AND j.failure_reason = 'bounced'
+VALUES (%(job_id)s, %(broadcast_id)s, %(campaign_id)s, %(email)s, %(code)s, %(enhanced_code)s, %(diagnostic)s,
+        %(node_id)s)
 ON CONFLICT (job_id) DO NOTHING;
 
 -- name: job_record_late_success
@@ -448,10 +479,118 @@ SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS i
 FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
 
 -- name: campaign_pause
--- Scheduled campaigns can be paused too: resume then sends them at once.
-UPDATE campaigns SET status = 'paused', paused_reason = %(reason)s, updated_at = now()
+-- Scheduled campaigns can be paused too: resume then sends them at once. With auto_resume (a pause
+-- for relay trouble) the relay is probed from probe_in seconds on, and the campaign resumes by
+-- itself once it answers (campaign_probe_due, campaign_auto_resume).
+UPDATE campaigns
+   SET status = 'paused', paused_reason = %(reason)s, paused_at = now(), updated_at = now(),
+       auto_resume = %(auto_resume)s,
+       probe_at = CASE WHEN %(auto_resume)s THEN now() + make_interval(secs => %(probe_in)s::float8) END,
+       probes = 0, probe_result = NULL
  WHERE id = %(campaign_id)s AND status IN ('sending', 'scheduled')
 RETURNING id;
+
+-- name: campaign_probe_due
+-- One campaign whose relay is due for a probe, taken by one node (SKIP LOCKED) and moved to its
+-- next probe time first (doubling, up to max_interval), so a node that dies mid-probe delays it
+-- by one interval at most and two nodes never probe for the same campaign at once.
+UPDATE campaigns c
+   SET probes = c.probes + 1,
+       probe_at = now() + make_interval(secs => least(%(interval)s::float8 * power(2, c.probes + 1),
+                                                      %(max_interval)s::float8))
+  FROM (SELECT id FROM campaigns
+         WHERE status = 'paused' AND auto_resume AND probe_at <= now()
+         ORDER BY probe_at LIMIT 1
+         FOR UPDATE SKIP LOCKED) due
+ WHERE c.id = due.id
+RETURNING c.id, c.probes, c.paused_reason;
+
+-- name: campaign_probe_failed
+UPDATE campaigns SET probe_result = %(result)s
+ WHERE id = %(campaign_id)s AND status = 'paused' AND auto_resume;
+
+-- name: campaign_auto_resume
+-- The relay answered: the campaign sends again, unless a person paused or cancelled it meanwhile.
+UPDATE campaigns
+   SET status = 'sending', paused_reason = NULL, auto_resume = false, probe_at = NULL,
+       probe_result = %(result)s, updated_at = now()
+ WHERE id = %(campaign_id)s AND status = 'paused' AND auto_resume
+RETURNING broadcast_id;
+
+-- name: campaign_bounce_check
+-- After a bounce: the bounce-rate breaker. More than `rate` of the broadcast's last `window`
+-- results, or more than `early_bounces` of its first `early_window`, bounced: pause the campaign
+-- (reason bounce_rate) and remember where that window began, so the suppressions it made can be
+-- undone (campaign_unsuppress). Results are attempts that reached a verdict (not pauses, not
+-- recovery's in-doubt rows). Both walks are short, on (broadcast_id, id). Returns whether the
+-- campaign is paused for its bounce rate now: its bounces' hooks wait until a person decides.
+WITH counted AS MATERIALIZED (
+    SELECT bounce_count_from FROM campaigns WHERE id = %(campaign_id)s
+), recent AS (
+    SELECT id, outcome FROM delivery_attempts
+     WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'retry', 'fail')
+       AND id >= (SELECT bounce_count_from FROM counted)
+     ORDER BY id DESC LIMIT %(window)s
+), early AS (
+    SELECT id, outcome FROM delivery_attempts
+     WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'retry', 'fail')
+       AND id >= (SELECT bounce_count_from FROM counted)
+     ORDER BY id LIMIT %(early_window)s
+), verdict AS (
+    SELECT CASE
+             WHEN (SELECT count(*) FROM early WHERE outcome = 'bounce') > %(early_bounces)s
+               THEN (SELECT min(id) FROM early)
+             WHEN (SELECT count(*) FROM recent WHERE outcome = 'bounce') > %(rate)s::float8 * %(window)s
+               THEN (SELECT min(id) FROM recent)
+           END AS window_from
+), tripped AS (
+    UPDATE campaigns c
+       SET status = 'paused', paused_reason = 'bounce_rate', paused_at = now(), updated_at = now(),
+           auto_resume = false, probe_at = NULL, bounce_window_from = v.window_from
+      FROM verdict v
+     WHERE c.id = %(campaign_id)s AND c.status = 'sending' AND v.window_from IS NOT NULL
+    RETURNING c.id
+)
+SELECT EXISTS (SELECT FROM tripped) AS tripped,
+       EXISTS (SELECT FROM tripped)
+       OR EXISTS (SELECT 1 FROM campaigns WHERE id = %(campaign_id)s
+                   AND status = 'paused' AND paused_reason = 'bounce_rate') AS holding;
+
+-- name: campaign_unsuppress
+-- Undo what a campaign's bounces did: the suppressions its broadcast made (from the bounce-rate
+-- window with since_pause, else all of them) are removed, their held hooks dropped, and their jobs
+-- put back in line as due retries (attempts stay counted). A suppression the address already
+-- had from elsewhere (another campaign, an operator, a complaint) is kept, and so is its job.
+WITH c AS (
+    SELECT id, broadcast_id, bounce_window_from FROM campaigns WHERE id = %(campaign_id)s FOR UPDATE
+), bounced AS (
+    SELECT DISTINCT a.job_id
+      FROM delivery_attempts a, c
+     WHERE a.broadcast_id = c.broadcast_id AND a.outcome = 'bounce'
+       AND (NOT %(since_pause)s OR a.id >= c.bounce_window_from)
+), jobs AS (
+    SELECT j.id, j.email
+      FROM broadcast_jobs j JOIN bounced b ON b.job_id = j.id, c
+     WHERE j.broadcast_id = c.broadcast_id AND j.status = 'failed' AND j.failure_reason = 'bounced'
+       AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(j.email)
+                        AND (x.reason <> 'bounced' OR x.source_broadcast_id IS DISTINCT FROM c.broadcast_id))
+), unsuppressed AS (
+    DELETE FROM suppressions x USING jobs j, c
+     WHERE lower(x.email) = lower(j.email) AND x.reason = 'bounced' AND x.source_broadcast_id = c.broadcast_id
+    RETURNING x.email
+), dropped AS (
+    DELETE FROM pending_bounces p USING jobs j WHERE p.job_id = j.id
+), requeued AS (
+    UPDATE broadcast_jobs j SET status = 'retry', failure_reason = NULL, next_attempt_at = now()
+      FROM jobs WHERE j.id = jobs.id
+    RETURNING j.id
+), reopened AS (
+    UPDATE campaigns SET status = 'sending', finished_at = NULL, updated_at = now()
+     WHERE id = %(campaign_id)s AND status = 'finished' AND EXISTS (SELECT FROM requeued)
+)
+SELECT c.id, c.broadcast_id, c.bounce_window_from,
+       (SELECT count(*) FROM unsuppressed) AS unsuppressed, (SELECT count(*) FROM requeued) AS requeued
+  FROM c;
 
 -- name: campaign_cancel
 -- Unsent jobs are failed as cancelled; sent ones are untouched; in-flight sends finish (their
@@ -505,8 +644,13 @@ WITH target AS (
 SELECT t.id, t.broadcast_id, (SELECT count(*) FROM requeued) AS jobs FROM target t;
 
 -- name: campaign_resume
+-- After a bounce-rate pause a person judged the bounces real: the breaker counts afresh from here.
 UPDATE campaigns SET status = 'sending', paused_reason = NULL, started_at = coalesce(started_at, now()),
-       updated_at = now()
+       auto_resume = false, probe_at = NULL, updated_at = now(),
+       bounce_count_from = CASE WHEN paused_reason = 'bounce_rate'
+                                THEN (SELECT coalesce(max(a.id), 0) + 1 FROM delivery_attempts a
+                                       WHERE a.broadcast_id = campaigns.broadcast_id)
+                                ELSE bounce_count_from END
  WHERE id = %(campaign_id)s AND status = 'paused'
 RETURNING id;
 
@@ -537,17 +681,31 @@ SELECT EXISTS (
 );
 
 -- name: bounces_pending
--- Bounces whose hooks did not all return: those of dead or stopped nodes, and any (this node's
--- own too) whose hooks failed and that waited ten minutes before another try.
-SELECT b.job_id, b.broadcast_id, b.campaign_id, b.email, b.code, b.enhanced_code, b.diagnostic
-FROM pending_bounces b
-LEFT JOIN nodes n ON n.id = b.node_id
-WHERE (b.node_id IS DISTINCT FROM %(node_id)s
-       AND (n.id IS NULL OR n.stopped_at IS NOT NULL
-            OR n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)))
-   OR b.created_at < now() - interval '10 minutes'
-ORDER BY b.job_id
-LIMIT 100;
+-- Bounces whose hooks did not all return, claimed by this node so each is handled once (SKIP
+-- LOCKED; taking them over makes them this live node's): those of dead or stopped nodes, those
+-- held while their campaign was paused for its bounce rate (no node), and any (this node's own
+-- too) whose hooks failed and that waited ten minutes. Bounces of a campaign paused for its
+-- bounce rate wait: a person decides whether they were real (resume) or not (unsuppress).
+UPDATE pending_bounces b
+   SET node_id = %(node_id)s, created_at = now()
+  FROM (SELECT b.job_id
+          FROM pending_bounces b
+          LEFT JOIN nodes n ON n.id = b.node_id
+          LEFT JOIN campaigns c ON c.id = b.campaign_id
+         WHERE ((b.node_id IS DISTINCT FROM %(node_id)s
+                 AND (n.id IS NULL OR n.stopped_at IS NOT NULL
+                      OR n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)))
+                OR b.created_at < now() - interval '10 minutes')
+           AND NOT coalesce(c.status = 'paused' AND c.paused_reason = 'bounce_rate', false)
+         ORDER BY b.job_id
+         LIMIT 100
+         FOR UPDATE OF b SKIP LOCKED) due
+ WHERE b.job_id = due.job_id
+RETURNING b.job_id, b.broadcast_id, b.campaign_id, b.email, b.code, b.enhanced_code, b.diagnostic;
+
+-- name: bounce_hold
+-- A bounce of a campaign paused for its bounce rate: no node owns it until a person decides.
+UPDATE pending_bounces SET node_id = NULL WHERE job_id = %(job_id)s;
 
 -- name: bounce_done
 DELETE FROM pending_bounces WHERE job_id = %(job_id)s;
