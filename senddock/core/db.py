@@ -80,7 +80,7 @@ class Database:
             except Exception as exc:
                 self._pool.close()
                 self._pool = None
-                raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc)}") from exc
+                raise self._cannot_connect(exc) from exc
         return self._pool
 
     def connect_kwargs(self) -> dict[str, object]:
@@ -100,8 +100,12 @@ class Database:
         """A dedicated connection outside the pool (migrations, LISTEN, advisory-lock lifelines)."""
         try:
             return psycopg.connect(self.dsn, **{**self.connect_kwargs(), **kwargs})
-        except psycopg.OperationalError as exc:
-            raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc)}") from exc
+        except psycopg.Error as exc:  # ProgrammingError too: a DSN libpq cannot parse
+            raise self._cannot_connect(exc) from exc
+
+    def _cannot_connect(self, exc: BaseException) -> DatabaseError:
+        # psycopg's text may quote parts of the DSN back, a password's among them.
+        return DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc, dsns=[self.dsn])}")
 
     def close(self) -> None:
         if self._pool is not None:

@@ -60,7 +60,10 @@ class Lifeline(threading.Thread):
         self._lock_held = False
         self.lock_id: int | None = None
         self.registered = threading.Event()
-        self.error: BaseException | None = None
+        self.error: str | None = None  # why registration failed for good, secrets masked
+        # Session locks and LISTEN need a real session: behind PgBouncer in transaction mode,
+        # database.direct_dsn names a direct one.
+        self._dsn = config.database.direct_dsn or db.dsn
 
     # -- what workers ask ----------------------------------------------------------------------
 
@@ -89,21 +92,19 @@ class Lifeline(threading.Thread):
             except Exception as exc:
                 self._lock_held = False  # the session that held it is gone
                 if not self.registered.is_set() and not isinstance(exc, (psycopg.OperationalError, OSError)):
-                    self.error = exc  # registration failed for good: the runner reports it
+                    # Registration failed for good (a DSN libpq cannot parse...): the runner reports it.
+                    self.error = error_line(exc, dsns=[self._dsn])
                     self.registered.set()
                     return
                 if self._stop_event.is_set():
                     break
-                log.warning("lifeline_lost", error=error_line(exc), retry_in=backoff)
+                log.warning("lifeline_lost", error=error_line(exc, dsns=[self._dsn]), retry_in=backoff)
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, self._heartbeat)
 
     def _connect(self) -> psycopg.Connection:
-        # Session locks and LISTEN need a real session: behind PgBouncer in transaction mode,
-        # database.direct_dsn names a direct one.
-        dsn = self._config.database.direct_dsn or self._db.dsn
         kwargs = {**self._db.connect_kwargs(), "application_name": f"senddock-lifeline {self._node.name}"}
-        return psycopg.connect(dsn, **kwargs)
+        return psycopg.connect(self._dsn, **kwargs)
 
     def _serve(self, conn: psycopg.Connection) -> None:
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.
