@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
+from senddock.compose import BadRecipient
 from senddock.core import results
 from senddock.core.epoch import ensure_epoch
 from senddock.core.queue import ClaimedJob, JobResult, Queue, Recorded
@@ -229,6 +230,9 @@ class Worker(threading.Thread):
         except TemplateError as exc:
             # This recipient's data does not fit the template: fail the job, the broadcast goes on.
             result, verdict = results.template_failure(exc)
+        except BadRecipient as exc:
+            # A line break in the name or address: this job fails, nothing reaches the relay.
+            result, verdict = results.bad_recipient_failure(exc)
         else:
             batch.begun.add(job.id)
             result = results.send(runner.pm, runner.config, message, self._state)
@@ -303,7 +307,9 @@ class Worker(threading.Thread):
             runner.run_bounce_hooks(self._bounce(job, outcome), queue)
         if outcome.outcome == "pause":
             runner.pause_campaign(job.campaign_id, verdict.reason, queue)
-        else:
+        elif outcome.phase != results.ADDRESS_PHASE:
+            # A job refused before the transport says nothing about the relay: it neither counts
+            # towards pausing the campaign nor resets the count of failures in a row.
             runner.track_failures(job.campaign_id, verdict, queue)
 
     @staticmethod
