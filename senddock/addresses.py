@@ -6,6 +6,7 @@ from email.utils import parseaddr
 
 from email_validator import EmailNotValidError, validate_email
 
+from senddock import headertext
 from senddock.errors import InvalidInput
 
 
@@ -23,6 +24,8 @@ def check_address(address: str) -> str:
 
 def check_mailbox(value: str, *, what: str) -> str:
     """A header mailbox such as ``News <news@example.com>``; raises InvalidInput naming ``what``."""
+    if problem := headertext.problem(value.strip()):
+        raise InvalidInput(f"{what}: {value!r} contains {problem}")
     display, address = parseaddr(value)
     if not address or ("<" in value and ">" not in value):
         raise InvalidInput(f"{what}: {value!r} is not an address")

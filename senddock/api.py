@@ -18,7 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from senddock import mime
-from senddock.compose import Composer
+from senddock.addresses import check_address
+from senddock.compose import BadRecipient, Composer
 from senddock.config import Config, load_config
 from senddock.core import campaigns, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
@@ -29,7 +30,7 @@ from senddock.core.campaigns import (
 )
 from senddock.core.db import Database
 from senddock.core.lists import MailingList
-from senddock.core.subscribers import ImportSummary, Rejection
+from senddock.core.subscribers import ImportSummary, Normalised, Rejection
 from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
 from senddock.errors import DatabaseError, InvalidInput, NotFound
 from senddock.outcome import (
@@ -49,6 +50,7 @@ __all__ = [
     "EnqueueResult",
     "ImportSummary",
     "MailingList",
+    "Normalised",
     "Rejection",
 ]
 
@@ -130,9 +132,11 @@ class Senddock:
         *,
         on_reject: Callable[[Rejection], None] = lambda r: None,
         on_progress: Callable[[int, int], None] = lambda done, total: None,
+        on_normalise: Callable[[Normalised], None] = lambda n: None,
     ) -> ImportSummary:
         with self._conn() as conn:
-            return subscribers.import_csv(conn, path, list_name, on_reject=on_reject, on_progress=on_progress)
+            return subscribers.import_csv(conn, path, list_name, on_reject=on_reject, on_progress=on_progress,
+                                          on_normalise=on_normalise)
 
     # -- campaigns -------------------------------------------------------------------------------
 
@@ -183,6 +187,8 @@ class Senddock:
         for recipient in sample:
             try:
                 composer.message(prepared, _recipient(recipient), job_id=0, broadcast_id=0, attempt=1)
+            except BadRecipient:
+                continue  # that one job will fail as bad_address; the templates are what is checked here
             except TemplateError as exc:
                 raise InvalidInput(
                     f"campaign {campaign_id} not sent: its template does not render for subscriber "
@@ -228,6 +234,10 @@ class Senddock:
     def send_test(self, campaign_id: int, to: str, *, email: str | None = None) -> tuple[Message, SendResult, Classification]:
         """Render the campaign (for ``email``'s subscriber, or the first one) and send it to ``to``
         through the configured transport, synchronously; nothing is queued or recorded."""
+        try:
+            to = check_address(to)
+        except ValueError as exc:
+            raise InvalidInput(f"--to: {exc}") from None
         message, _ = self.preview(campaign_id, email=email)
         test_id = mime.one_off_message_id("test", mime.sender_domain(message.campaign.from_addr))
         message = replace(message, recipient=replace(message.recipient, email=to), message_id=test_id)

@@ -14,13 +14,30 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from senddock import mime, unsubscribe
+from senddock import headertext, mime, unsubscribe
 from senddock.config import Config
+from senddock.errors import InvalidInput
 from senddock.outcome import CampaignContent, Message, MessageSigner, Recipient
 from senddock.signing import signer_from_config
 from senddock.templates import CampaignTemplates, context_for
 
 ONE_CLICK = "List-Unsubscribe=One-Click"  # RFC 8058's List-Unsubscribe-Post value
+
+
+class BadRecipient(InvalidInput):
+    """The recipient's address or name cannot go into a header (a line break, a control
+    character): that one job fails as ``bad_address``, and nothing is sent to the relay."""
+
+
+def check_recipient(recipient: Recipient) -> None:
+    """Raise BadRecipient when the address or name would not fit on its header line.
+
+    Imports make names one line; this catches what reached the database another way.
+    """
+    if problem := headertext.problem(recipient.email):
+        raise BadRecipient(f"address {recipient.email!r} contains {problem}")
+    if problem := headertext.problem(recipient.name):
+        raise BadRecipient(f"subscriber {recipient.email}: name {recipient.name!r} contains {problem}")
 
 
 @dataclass(frozen=True)
@@ -79,7 +96,9 @@ class Composer:
         attempt: int,
         message_id: str | None = None,
     ) -> Message:
-        """The job's Message; raises TemplateError when the recipient's data does not render."""
+        """The job's Message; raises BadRecipient when the recipient's address or name cannot go
+        into a header, TemplateError when the recipient's data does not render."""
+        check_recipient(recipient)
         campaign = prepared.content
         links = self._unsubscribe_links(recipient, campaign.campaign_id)
         context = context_for(recipient, campaign, links.get("url") or links.get("mailto"))

@@ -389,7 +389,7 @@ def _secrets_written_in_file(raw: Any) -> Iterator[tuple[str, str]]:
         if is_secret_key(key):
             env = "_".join(str(p).upper() for p in parts if isinstance(p, str))
             yield _json_path(parts), f"secrets must not be written in the file: use ${{{env}}}"
-        elif parts == ("database", "dsn") and redact(value, "dsn") != value:
+        elif parts in (("database", "dsn"), ("database", "direct_dsn")) and redact(value, "dsn") != value:
             yield _json_path(parts), "the DSN holds a password: take it from the environment (${PGPASSWORD} or SENDDOCK_DATABASE_URL)"
 
 

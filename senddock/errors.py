@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the command ran, but found problems in its input (rejected rows, unknown id)
 EXIT_USAGE = 2  # usage or configuration error
 
 
-def error_line(exc: BaseException) -> str:
+def error_line(exc: BaseException, *, dsns: Iterable[str | None] = ()) -> str:
     """The first line of an exception's message (psycopg's carry hints on further lines), with any
-    DSN password masked: what a log line or an error message shows of it."""
-    from senddock.redact import redact_dsn
+    DSN password masked: what a log line or an error message shows of it.
+
+    ``dsns``: the connection strings the failed call used. psycopg and libpq quote parts of a bad
+    one back (a password's tail after an unencoded ``@`` as the host), so their secrets are masked
+    wherever they appear.
+    """
+    from senddock.redact import redact_text
 
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return redact_dsn(lines[0]) if lines else type(exc).__name__
+    return redact_text(lines[0], dsns) if lines else type(exc).__name__
 
 
 class SenddockError(Exception):

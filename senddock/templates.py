@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from senddock import headertext
 from senddock.outcome import CampaignContent, Recipient, RenderedContent
 
 
@@ -55,8 +56,9 @@ class CampaignTemplates:
     def render(self, context: Mapping[str, Any]) -> RenderedContent:
         """Raise :class:`TemplateError` when the recipient's data does not fit the template."""
         subject = _render("subject", self.subject, context)
-        # A header is one line: a newline from a subscriber's data would end it.
-        subject = " ".join(subject.split())
+        # A header is one line: a newline from a subscriber's data would end it, and a control
+        # character (NUL, BEL...) would go into the message raw.
+        subject = headertext.one_line(subject)
         html = _render("html", self.html_body, context) if self.html_body else None
         text = _render("text", self.text_body, context) if self.text_body else None
         if text is None and html is not None:

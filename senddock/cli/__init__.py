@@ -23,6 +23,7 @@ from senddock.errors import (
     SenddockError,
     error_line,
 )
+from senddock.redact import redact_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -156,14 +157,20 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         out.error(str(exc), exc.exit_code)
         return exc.exit_code
     except psycopg.OperationalError as exc:
-        out.error(f"database error: {error_line(exc)}", EXIT_USAGE)
+        out.error(f"database error: {error_line(exc, dsns=_dsns(args))}", EXIT_USAGE)
         return EXIT_USAGE
     except psycopg.Error as exc:
-        out.error(f"database error: {exc}", EXIT_PROBLEMS)
+        out.error(f"database error: {redact_text(str(exc).strip(), _dsns(args))}", EXIT_PROBLEMS)
         return EXIT_PROBLEMS
     except KeyboardInterrupt:
         out.error("interrupted", 130)
         return 130
+
+
+def _dsns(args: argparse.Namespace) -> list[str | None]:
+    """The connection strings of the command's config, whose secrets no error may show."""
+    config = getattr(args, "loaded_config", None)
+    return [config.database.dsn, config.database.direct_dsn] if config is not None else []
 
 
 def _configure_logging_from(args: argparse.Namespace) -> None:

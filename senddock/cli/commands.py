@@ -105,12 +105,16 @@ def lists_ls(args: argparse.Namespace, out: Output) -> int:
 def subscribers_import(args: argparse.Namespace, out: Output) -> int:
     path = Path(args.file)
     with open_senddock(args) as sd, _progress(out, f"importing {path.name}") as on_progress:
-        summary = sd.import_subscribers(path, args.list, on_reject=lambda r: out.problem(str(r)), on_progress=on_progress)
+        summary = sd.import_subscribers(path, args.list, on_reject=lambda r: out.problem(str(r)),
+                                        on_normalise=lambda n: out.problem(str(n)), on_progress=on_progress)
+    normalised = f", normalised {summary.normalised}" if summary.normalised else ""
     out.result(
         summary,
-        f"imported {summary.imported}, updated {summary.updated}, rejected {summary.rejected}",
+        f"imported {summary.imported}, updated {summary.updated}, rejected {summary.rejected}{normalised}",
     )
-    return EXIT_PROBLEMS if summary.rejected else EXIT_OK
+    # A name made one line is a problem found in the input, like a rejected row: the file needs
+    # fixing at its source, even though every such row was imported.
+    return EXIT_PROBLEMS if summary.rejected or summary.normalised else EXIT_OK
 
 
 class _progress:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,31 +58,42 @@ class Database:
         self._pool_size = pool_size or settings.pool_size
         self.dsn = dsn or resolve_dsn(settings)
         self._application_name = application_name
-        self._pool: ConnectionPool | None = None
+        self._pool: ConnectionPool | None = None  # published only once open
+        self._pool_lock = threading.Lock()
 
     @property
     def pool(self) -> ConnectionPool:
-        if self._pool is None:
-            # One direct attempt first: it fails at once with the server's own reason, where the
-            # pool would keep retrying until its timeout and then report only that it timed out.
-            self.connect().close()
-            self._pool = ConnectionPool(
-                self.dsn,
-                min_size=1,
-                max_size=self._pool_size,
-                kwargs=self.connect_kwargs(),
-                # A connection broken by a Postgres restart is replaced instead of handed out.
-                check=ConnectionPool.check_connection,
-                open=False,
-                name="senddock",
-            )
-            try:
-                self._pool.open(wait=True, timeout=self.settings.connect_timeout)
-            except Exception as exc:
-                self._pool.close()
-                self._pool = None
-                raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc)}") from exc
-        return self._pool
+        """The pool, opened on first use. Checked again under the lock: threads asking at once
+        (``serve``'s first requests, a runner's workers) must share one pool, not each open one."""
+        pool = self._pool
+        if pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = self._open_pool()
+                pool = self._pool
+        return pool
+
+    def _open_pool(self) -> ConnectionPool:
+        """A pool that is open, or a DatabaseError with nothing left open."""
+        # One direct attempt first: it fails at once with the server's own reason, where the
+        # pool would keep retrying until its timeout and then report only that it timed out.
+        self.connect().close()
+        pool = ConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self._pool_size,
+            kwargs=self.connect_kwargs(),
+            # A connection broken by a Postgres restart is replaced instead of handed out.
+            check=ConnectionPool.check_connection,
+            open=False,
+            name="senddock",
+        )
+        try:
+            pool.open(wait=True, timeout=self.settings.connect_timeout)
+        except Exception as exc:
+            pool.close()  # its background workers would keep trying to connect
+            raise self._cannot_connect(exc) from exc
+        return pool
 
     def connect_kwargs(self) -> dict[str, object]:
         return {
@@ -100,13 +112,18 @@ class Database:
         """A dedicated connection outside the pool (migrations, LISTEN, advisory-lock lifelines)."""
         try:
             return psycopg.connect(self.dsn, **{**self.connect_kwargs(), **kwargs})
-        except psycopg.OperationalError as exc:
-            raise DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc)}") from exc
+        except psycopg.Error as exc:  # ProgrammingError too: a DSN libpq cannot parse
+            raise self._cannot_connect(exc) from exc
+
+    def _cannot_connect(self, exc: BaseException) -> DatabaseError:
+        # psycopg's text may quote parts of the DSN back, a password's among them.
+        return DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc, dsns=[self.dsn])}")
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
 def stop_embedded(server) -> None:
     """Stop an embedded server now, whoever else registered with it.

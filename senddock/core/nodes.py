@@ -24,7 +24,7 @@ from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.node_names import NodeNameTaken, check_lock_is_ours, claim_name
 from senddock.core.queries import query
-from senddock.errors import error_line
+from senddock.errors import SenddockError, error_line
 
 log = structlog.get_logger(__name__)
 
@@ -63,7 +63,12 @@ class Lifeline(threading.Thread):
         self._lock_held = False
         self.lock_id: int | None = None
         self.registered = threading.Event()
-        self.error: BaseException | None = None
+        # Why the node must not run: a SenddockError to report as it is (its name is taken, a
+        # pooler in transaction mode), or the first line of another error with secrets masked.
+        self.error: SenddockError | str | None = None
+        # Session locks and LISTEN need a real session: behind PgBouncer in transaction mode,
+        # database.direct_dsn names a direct one.
+        self._dsn = config.database.direct_dsn or db.dsn
 
     # -- what workers ask ----------------------------------------------------------------------
 
@@ -100,21 +105,20 @@ class Lifeline(threading.Thread):
             except Exception as exc:
                 self._lock_held = False  # the session that held it is gone
                 if not self.registered.is_set() and not isinstance(exc, (psycopg.OperationalError, OSError)):
-                    self.error = exc  # registration failed for good: the runner reports it
+                    # Registration failed for good (a DSN libpq cannot parse...): the runner reports it.
+                    self.error = exc if isinstance(exc, SenddockError) else error_line(exc, dsns=[self._dsn])
                     self.registered.set()
                     return
                 if self._stop_event.is_set():
                     break
-                log.warning("lifeline_lost", error=error_line(exc), retry_in=backoff)
+                log.warning("lifeline_lost", error=error_line(exc, dsns=[self._dsn]), retry_in=backoff)
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, self._heartbeat)
 
     def _connect(self) -> psycopg.Connection:
-        # Session locks and LISTEN need a real session: behind PgBouncer in transaction mode,
-        # database.direct_dsn names a direct one.
-        dsn = self._config.database.direct_dsn or self._db.dsn
-        kwargs = {**self._db.connect_kwargs(), "application_name": f"senddock-lifeline {self.node.name or '?'}"[:63]}
-        return psycopg.connect(dsn, **kwargs)
+        name = self.node.name or "?"
+        kwargs = {**self._db.connect_kwargs(), "application_name": f"senddock-lifeline {name}"[:63]}
+        return psycopg.connect(self._dsn, **kwargs)
 
     def _serve(self, conn: psycopg.Connection) -> None:
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.

@@ -13,6 +13,7 @@ import pluggy
 import structlog
 
 from senddock import defaults
+from senddock.compose import BadRecipient
 from senddock.config import Config
 from senddock.core.queue import JobResult
 from senddock.outcome import Classification, Message, Outcome, RetryDecision, SendResult
@@ -40,6 +41,17 @@ def template_failure(error: TemplateError) -> tuple[SendResult, Classification]:
     """A recipient whose data does not render: failed with the template's message, never sent."""
     result = SendResult("engine", ok=False, text=str(error), phase="render", error=error)
     return result, Classification(Outcome.FAIL, "template_error")
+
+
+# The phase of a job refused before any transport saw it: it says nothing about the relay.
+ADDRESS_PHASE = "address"
+
+
+def bad_recipient_failure(error: BadRecipient) -> tuple[SendResult, Classification]:
+    """A recipient whose address or name cannot go into a header: failed, never sent, never
+    suppressed (the address may be fine once the data is fixed)."""
+    result = SendResult("engine", ok=False, text=str(error), phase=ADDRESS_PHASE, error=error)
+    return result, Classification(Outcome.FAIL, "bad_address", about_recipient=True)
 
 
 def classify(pm: pluggy.PluginManager, config: Config, result: SendResult, message: Message) -> Classification:

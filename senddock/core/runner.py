@@ -196,7 +196,7 @@ class Runner:
             self._shutdown()
         summary = {**self.stats.snapshot(), "seconds": round(time.monotonic() - started, 1)}
         log.info("node_stopped", node=self.node.name, node_id=str(self.node.id), **summary)
-        if self.lifeline.error is not None:
+        if isinstance(self.lifeline.error, SenddockError):
             raise self.lifeline.error
         return summary
 

@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from senddock import headertext
 from senddock.addresses import check_address
 from senddock.core.lists import get_list
 from senddock.core.queries import query
@@ -21,8 +22,8 @@ from senddock.errors import InvalidInput, NotFound
 
 
 @dataclass(frozen=True)
-class Rejection:
-    """A CSV row that was not imported, printed as ``FILE:LINE: reason``."""
+class RowNote:
+    """Something about one CSV row, printed as ``FILE:LINE: reason``."""
 
     path: str
     line: int
@@ -32,11 +33,20 @@ class Rejection:
         return f"{self.path}:{self.line}: {self.reason}"
 
 
+class Rejection(RowNote):
+    """A CSV row that was not imported."""
+
+
+class Normalised(RowNote):
+    """A row imported with its name made one line (a line break or control character removed)."""
+
+
 @dataclass(frozen=True)
 class ImportSummary:
     imported: int
     updated: int
     rejected: int
+    normalised: int = 0
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,7 @@ class _Row:
     email: str
     name: str | None
     attributes: dict[str, str]
+    note: Normalised | None = None
 
 
 def add_subscriber(
@@ -55,11 +66,17 @@ def add_subscriber(
     attributes: Mapping[str, Any] | None = None,
     lists: Sequence[str] = (),
 ) -> int:
-    """Add or update one subscriber and put them on ``lists``; returns the subscriber id."""
+    """Add or update one subscriber and put them on ``lists``; returns the subscriber id.
+
+    A name with a line break or control character is refused (it goes into the To header): the
+    caller gets to say what it should be, where an import, with nobody to ask, normalises it.
+    """
     try:
         email = check_address(email)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
+    if problem := headertext.problem(name):
+        raise InvalidInput(f"name {name!r} contains {problem}: give it on one line")
     with conn.transaction():
         list_ids = [get_list(conn, name).id for name in lists]
         row = conn.execute(
@@ -77,12 +94,14 @@ def import_csv(
     *,
     on_reject: Callable[[Rejection], None] = lambda r: None,
     on_progress: Callable[[int, int], None] = lambda done, total: None,
+    on_normalise: Callable[[Normalised], None] = lambda n: None,
 ) -> ImportSummary:
     """Import a CSV (header row with ``email``; ``name`` optional; other columns become attributes).
 
     The file is streamed into a temporary table with COPY, so memory does not grow with its size;
     duplicates are found and the subscribers upserted in SQL, all in one transaction: an import is
-    applied whole or not at all. Each rejected row is reported through ``on_reject``.
+    applied whole or not at all. Each rejected row is reported through ``on_reject``; each row
+    imported with its name made one line through ``on_normalise``, once the import is applied.
     """
     label = str(path)
     try:
@@ -90,6 +109,7 @@ def import_csv(
     except OSError as exc:
         raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from None
     rejected = 0
+    notes: dict[int, Normalised] = {}  # few: only rows whose name had to be made one line
     with raw:
         total_bytes = os.fstat(raw.fileno()).st_size
         text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
@@ -105,16 +125,21 @@ def import_csv(
                         on_reject(item)
                     else:
                         copy.write_row((item.line, item.email, item.name, json.dumps(item.attributes)))
+                        if item.note is not None:
+                            notes[item.line] = item.note
                     if count % 5000 == 0:
                         on_progress(raw.tell(), total_bytes)
             on_progress(total_bytes, total_bytes)
             for line, email, first_line in conn.execute(query("import_remove_duplicates")).fetchall():
                 rejected += 1
                 on_reject(Rejection(label, line, f"duplicate of line {first_line} ({email})"))
+                notes.pop(line, None)  # not stored at all
             imported, updated = conn.execute(
                 query("import_apply"), {"has_name": has_name, "list_id": list_id}
             ).fetchone()
-    return ImportSummary(imported=imported, updated=updated, rejected=rejected)
+    for line in sorted(notes):
+        on_normalise(notes[line])
+    return ImportSummary(imported=imported, updated=updated, rejected=rejected, normalised=len(notes))
 
 
 def _read_rows(text: io.TextIOWrapper, label: str) -> Iterator[Any]:
@@ -131,6 +156,8 @@ def _read_rows(text: io.TextIOWrapper, label: str) -> Iterator[Any]:
         for index, column in enumerate(columns):
             if not column:
                 raise InvalidInput(f"{label}:1: column {index + 1} of the header has no name")
+            if "\x00" in column:
+                raise InvalidInput(f"{label}:1: column {index + 1} of the header contains a NUL character")
             if lowered.index(column.lower()) != index:
                 raise InvalidInput(f"{label}:1: column {column!r} appears twice in the header")
         email_at = lowered.index("email")
@@ -151,8 +178,19 @@ def _read_rows(text: io.TextIOWrapper, label: str) -> Iterator[Any]:
             except ValueError as exc:
                 yield Rejection(label, line, str(exc))
                 continue
-            name = record[name_at].strip() if name_at is not None else None
-            yield _Row(line, email, name, {column: record[i] for i, column in attribute_columns})
+            attributes = {column: record[i] for i, column in attribute_columns}
+            nul = next((column for column, value in attributes.items() if "\x00" in value), None)
+            if nul is not None:
+                # Postgres cannot store it, and the import would fail whole at the end.
+                yield Rejection(label, line, f"attribute {nul!r} contains a NUL character")
+                continue
+            name, note = record[name_at].strip() if name_at is not None else None, None
+            if problem := headertext.problem(name):
+                # The name goes into the To header: made one line here, refused by the engine if
+                # it got into the database another way.
+                name = headertext.one_line(name)
+                note = Normalised(label, line, f"name contained {problem}; stored as {name!r}")
+            yield _Row(line, email, name, attributes, note)
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{label}:{reader.line_num + 1}: not UTF-8 text ({exc.reason})") from None
     except csv.Error as exc:

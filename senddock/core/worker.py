@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
+from senddock.compose import BadRecipient
 from senddock.core import results
 from senddock.core.epoch import ensure_epoch
 from senddock.core.queue import ClaimedJob, JobResult, Queue, Recorded
@@ -234,6 +235,9 @@ class Worker(threading.Thread):
         except TemplateError as exc:
             # This recipient's data does not fit the template: fail the job, the broadcast goes on.
             result, verdict = results.template_failure(exc)
+        except BadRecipient as exc:
+            # A line break in the name or address: this job fails, nothing reaches the relay.
+            result, verdict = results.bad_recipient_failure(exc)
         else:
             batch.begun.add(job.id)
             result = results.send(runner.pm, runner.config, message, self._state)
@@ -311,6 +315,8 @@ class Worker(threading.Thread):
         if outcome.outcome == "pause":
             runner.pause_campaign(job.campaign_id, verdict.reason, queue)
         else:
+            # A bad address (about the recipient, refused before the transport) neither adds to a
+            # run of relay failures nor ends one: only deliveries end runs.
             runner.track_failures(job.campaign_id, verdict, queue)
 
     @staticmethod

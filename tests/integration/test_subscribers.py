@@ -117,3 +117,44 @@ def test_addresses_are_unique_whatever_their_case(senddock_app):
     assert senddock_app.add_subscriber("ada@example.COM", name="Ada") == first
     with pytest.raises(psycopg.errors.UniqueViolation), senddock_app.db.connection() as conn:
         conn.execute("INSERT INTO subscribers (email) VALUES ('ADA@EXAMPLE.COM')")
+
+
+def test_a_name_with_a_line_break_or_control_character_is_made_one_line_and_reported(senddock_app, tmp_path: Path):
+    senddock_app.create_list("news")
+    path = tmp_path / "people.csv"
+    path.write_bytes((
+        'email,name,city\n'
+        'ada@example.com,"Ada\nLovelace",London\n'              # a quoted field over two lines
+        'bob@example.com,"Bob\r\nBcc: victim@example.com",Paris\r\n'
+        'nul@example.com,"Nul\x00 Byte",Rome\n'
+        'bell@example.com,Bell\x07\tTab,Oslo\n'
+        'fine@example.com,  Fine  Name ,Bern\n'
+        'dup@example.com,"Dup\nOne",Oslo\n'
+        'DUP@example.com,"Dup\nTwo",Oslo\n'                     # a duplicate: rejected, so not stored either
+        'zero@example.com,Zero,"Ro\x00me"\n'                   # Postgres cannot store a NUL: the row is refused
+    ).encode())
+    rejected, normalised = [], []
+    summary = senddock_app.import_subscribers(path, "news", on_reject=lambda r: rejected.append(str(r)),
+                                              on_normalise=lambda n: normalised.append(str(n)))
+    assert (summary.imported, summary.updated, summary.rejected, summary.normalised) == (6, 0, 2, 5)
+    assert normalised == [
+        f"{path}:2: name contained a line break; stored as 'Ada Lovelace'",
+        f"{path}:4: name contained a line break; stored as 'Bob Bcc: victim@example.com'",
+        f"{path}:6: name contained a control character; stored as 'Nul Byte'",
+        f"{path}:7: name contained a control character; stored as 'Bell Tab'",
+        f"{path}:9: name contained a line break; stored as 'Dup One'",
+    ]
+    assert rejected == [f"{path}:13: attribute 'city' contains a NUL character",
+                        f"{path}:11: duplicate of line 9 (DUP@example.com)"]
+    with senddock_app.db.connection() as conn:
+        names = dict(conn.execute("SELECT email, name FROM subscribers").fetchall())
+    assert names == {"ada@example.com": "Ada Lovelace", "bob@example.com": "Bob Bcc: victim@example.com",
+                     "nul@example.com": "Nul Byte", "bell@example.com": "Bell Tab",
+                     "fine@example.com": "Fine  Name", "dup@example.com": "Dup One"}
+
+
+@pytest.mark.parametrize("name", ["Ada\r\nBcc: victim@example.com", "Ada\x00", "Ada\x07"])
+def test_add_subscriber_refuses_a_name_that_cannot_go_into_a_header(senddock_app, name: str):
+    with pytest.raises(InvalidInput, match="contains a (line break|control character): give it on one line"):
+        senddock_app.add_subscriber("ada@example.com", name=name)
+    assert senddock_app.subscribers() == []
