@@ -151,8 +151,8 @@ def relay_refusal(stage: Stage, row: Row, options: Options, server: Any, say: Sa
     reasons = stage.requeueable_reasons()
     for failure in reasons:
         stage.operator("requeue", "--reason", failure)
+    fault_end = time.monotonic()  # the operator types `senddock campaign resume ID`
     stage.operator("resume")
-    fault_end = time.monotonic()
     say(f"  campaign paused ({reason}); relay fixed, requeued {reasons or 'nothing'}, resumed")
     row.details["requeued"] = reasons
     row.details["end"] = stage.await_end()
