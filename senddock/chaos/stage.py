@@ -90,6 +90,8 @@ class Stage:
         except BaseException:
             self.close()
             raise
+        for name in NODE_NAMES:
+            (folder / f"{name}.log").unlink(missing_ok=True)  # a kept --logs folder of an earlier run
         self.nodes = [Node(name, self.config_path, self.dsn, folder / f"{name}.log") for name in NODE_NAMES]
 
     def _enqueue(self, recipients: int) -> set[str]:
