@@ -81,7 +81,11 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else \
         (lambda line: print(line, flush=True))
-    rows = run_chaos(options, args.scenarios, logs=args.logs, say=say)
+    try:
+        rows = run_chaos(options, args.scenarios, logs=args.logs, say=say)
+    except KeyboardInterrupt:
+        print("interrupted: the nodes, the relay and the throw-away Postgres are stopped", file=sys.stderr)
+        return 130
     passed = all(r.passed for r in rows)
     if args.json:
         print(json.dumps({"benchmark": "chaos", "passed": passed,
