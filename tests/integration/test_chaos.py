@@ -16,9 +16,9 @@ from senddock.chaos.lab import throwaway_postgres
 
 pytestmark = pytest.mark.slow
 
-# 400 readers through 2 nodes x 2 workers, a relay with 5 ms of latency: a few seconds a
+# 500 readers through 2 nodes x 2 workers, a relay with 5 ms of latency: a few seconds a
 # scenario; 4 kills, a 3 s outage. A paused campaign gets 30 s to resume by itself.
-SHORT = Options(recipients=400, kills=4, outage=3.0, resume_timeout=30.0)
+SHORT = Options(recipients=500, kills=4, outage=3.0, resume_timeout=30.0)
 
 
 @pytest.fixture(scope="module")
