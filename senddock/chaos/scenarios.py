@@ -24,10 +24,10 @@ def kills(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> No
     for i in range(options.kills):
         node = stage.nodes[i % len(stage.nodes)]
         threshold = options.recipients * (i + 1) / (options.kills + 2)
-        ready = wait_until(lambda: stage.over() or (stage.sent() >= threshold and stage.has_sent(node)),
-                           options.resume_timeout)
-        if stage.over():
-            break
+        ready = wait_until(lambda: stage.over() or not node.alive()
+                           or (stage.sent() >= threshold and stage.has_sent(node)), options.resume_timeout)
+        if stage.over() or not node.alive():
+            break  # a node that exited by itself is reported when the nodes are stopped
         if not ready:
             row.problems.append(f"{node.name} sent nothing within {options.resume_timeout:.0f}s of its restart")
             break

@@ -172,12 +172,17 @@ class Stage:
     # -- ending and counting ---------------------------------------------------------------------
 
     def stop_nodes(self, row: Row) -> None:
+        """SIGTERM to each node; a node that exits badly, or had exited by itself, is a problem."""
         for node in self.nodes:
-            if node.alive():
-                code = node.stop()
-                if code not in (0, None):
-                    row.problems.append(f"node {node.name} exited with status {code} on SIGTERM")
-                    row.details.setdefault("log_tails", {})[node.name] = node.log_tail()
+            if node.proc is None:
+                continue
+            if not node.alive():
+                row.problems.append(f"node {node.name} had exited by itself with status {node.proc.returncode}")
+            elif node.stop() != 0:
+                row.problems.append(f"node {node.name} exited with status {node.proc.returncode} on SIGTERM")
+            else:
+                continue
+            row.details.setdefault("log_tails", {})[node.name] = node.log_tail()
 
     def close(self) -> None:
         for node in self.nodes:
