@@ -36,6 +36,30 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=lambda *args: _LineLogger(sink),
         cache_logger_on_first_use=True,  # binding a lazy logger on every call shows up in the send loop
     )
+    _bridge_stdlib_logging(_LEVELS[level])
+
+
+class _StdlibBridge(logging.Handler):
+    """Libraries' standard-library log records (psycopg_pool's "discarding closed connection"
+    during a Postgres restart...) rendered as senddock's own lines, so JSON stderr stays one JSON
+    object per line exactly when an incident makes people read it. Passwords are masked."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from senddock.redact import redact_dsn
+
+        try:
+            logger = structlog.get_logger(record.name)
+            method = getattr(logger, record.levelname.lower(), logger.warning)
+            method(redact_dsn(record.getMessage()), logger=record.name)
+        except Exception:  # noqa: BLE001 - logging must never raise into the library
+            self.handleError(record)
+
+
+def _bridge_stdlib_logging(level: int) -> None:
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if not isinstance(h, _StdlibBridge)] + [_StdlibBridge()]
+    # Libraries' info lines are their own business; warnings and errors are the operator's.
+    root.setLevel(max(level, logging.WARNING))
 
 
 class _LineLogger:

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 
 from senddock.api import Senddock
+from senddock.core.runner import Runner
 from senddock.sink import FailRule
 from senddock.testing import drain, fast_settings
 from tests_support import jobs_by_email, make_broadcast, suppressed
@@ -253,3 +254,28 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
     with app.db.connection() as conn:
         attempts = conn.execute("SELECT outcome, claim_lost FROM delivery_attempts").fetchall()
     assert attempts == [("pause", False)]
+
+
+def test_retry_max_age_is_measured_on_the_databases_clock_alone(app_for, smtp_sink, monkeypatch):
+    """A node whose clock is two hours ahead of the database's must not expire a job that is ten
+    minutes old (the age used to be this node's clock minus the database's first-attempt time)."""
+    import datetime as real
+
+    import senddock.core.worker as worker_module
+
+    class AheadClock(real.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real.datetime.now(tz) + real.timedelta(hours=2)
+
+    monkeypatch.setattr(worker_module, "datetime", AheadClock)
+    smtp_sink.handler.rules = [FailRule.parse("busy@*=450 4.2.0 mailbox busy")]
+    app = app_for(fast_settings(smtp_sink.port, retry={"schedule": ["1h"], "max_retries": 5, "jitter": 0,
+                                                       "max_age": "1h30m"}))
+    campaign_id = make_broadcast(app, ["busy@example.com"])
+    with app.db.connection() as conn:
+        conn.execute("UPDATE broadcast_jobs SET status = 'retry', attempts = 1, "
+                     "first_attempt_at = now() - interval '10 minutes', next_attempt_at = now()")
+    Runner(app.config, exit_when_idle=True).run()  # one pass: the retry is due in an hour
+    # Retried again in an hour (10 minutes + 1 hour is within 1h30m), not failed as expired.
+    assert jobs_by_email(app, campaign_id)["busy@example.com"] == ("retry", None, 2)
