@@ -25,7 +25,7 @@ import yaml
 from senddock.durations import is_duration, parse_duration
 from senddock.errors import ConfigError
 from senddock.redact import is_secret_key, redact
-from senddock.sizes import is_size
+from senddock.sizes import is_size, parse_size
 
 ENV_CONFIG = "SENDDOCK_CONFIG"
 ENV_DATABASE_URL = "SENDDOCK_DATABASE_URL"
@@ -410,3 +410,8 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
     serve = data["serve"]
     if bool(serve["tls_cert_file"]) != bool(serve["tls_key_file"]):
         yield "$.serve", "tls_cert_file and tls_key_file go together"
+    if parse_size(serve["max_body"]) < 1024:
+        yield "$.serve.max_body", f"must be at least 1KiB ({serve['max_body']!r}): an SNS notification alone is larger"
+    for key in ("body_timeout", "header_timeout", "keep_alive_timeout"):
+        if parse_duration(serve[key]) <= 0:
+            yield f"$.serve.{key}", "must be longer than 0s"

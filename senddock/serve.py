@@ -28,6 +28,7 @@ from pathlib import Path
 import structlog
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.routing import Route
@@ -37,6 +38,7 @@ from senddock.core import subscribers
 from senddock.core.db import Database
 from senddock.core.events import UnknownMessage, apply_events
 from senddock.core.suppressions import Suppressions
+from senddock.http_limits import BodyLimit, HttpLimits
 from senddock.outcome import EventError
 from senddock.sns import SignatureError, Verifier, is_sns_url
 from senddock.unsubscribe import BadToken, UnsubscribeToken, read_token
@@ -148,7 +150,10 @@ def create_app(config: Config, db: Database) -> Starlette:
     async def not_found(request: Request, exc: Exception) -> PlainTextResponse:
         return PlainTextResponse("not found", status_code=404)
 
+    limits = HttpLimits.from_settings(config.section("serve"))
     return Starlette(
+        # Inside Starlette's error middleware, so a refused body is never turned into a 500.
+        middleware=[Middleware(BodyLimit, max_body=limits.max_body, timeout=limits.body_timeout)],
         routes=[
             Route("/unsubscribe/{token}", confirm, methods=["GET"]),
             Route("/unsubscribe/{token}", one_click, methods=["POST"]),
