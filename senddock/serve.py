@@ -84,7 +84,9 @@ def create_app(config: Config, db: Database) -> Starlette:
         token = token_of(request)
         if token is None:
             return _page("Invalid link", "<p>This unsubscribe link is not valid. Nothing was changed.</p>", 400)
-        form = await request.form()
+        # RFC 8058 posts one short field: room for a few more, none long, no files (the body as a
+        # whole is capped by BodyLimit before this reads it).
+        form = await request.form(max_files=0, max_fields=10, max_part_size=1024)
         if form.get(ONE_CLICK_FIELD) != ONE_CLICK_VALUE:
             return _page("Bad request", f"<p>Expected {ONE_CLICK_FIELD}={ONE_CLICK_VALUE} (RFC 8058).</p>", 400)
         email = await run_in_threadpool(_unsubscribe, db, token)

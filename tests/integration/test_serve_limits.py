@@ -1,7 +1,8 @@
 """`senddock serve` under hostile input: a real `senddock serve` process, raw sockets as clients.
 
-Oversized bodies (declared and chunked), slow heads and bodies, more connections than allowed. Memory is read from the server's
-/proc/PID/status: VmHWM (the peak), after resetting it through /proc/PID/clear_refs.
+Oversized bodies (declared and chunked), slow heads and bodies, more connections than allowed,
+oversized unsubscribe forms. Memory is read from the server's /proc/PID/status: VmHWM (the peak),
+after resetting it through /proc/PID/clear_refs.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 from tests_support import senddock_executable, wait_for
 
+from senddock.api import Senddock
 from senddock.sink import _free_port
 from senddock.testing import fast_settings
+from senddock.unsubscribe import make_token
 
 MIB = 1024 * 1024
 SECRET = "a-long-unsubscribe-secret-for-tests"
@@ -216,3 +219,48 @@ def test_connections_beyond_max_connections_get_503_until_the_slow_ones_are_cut(
     finally:
         for s in idle:
             s.close()
+
+
+def post(server: Server, path: str, body: bytes, content_type: str) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}", data=body, method="POST",
+                                     headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_an_oversized_or_odd_unsubscribe_form_is_refused_and_unsubscribes_nobody(serve, make_config):
+    server = serve()
+    app = Senddock(make_config(fast_settings(unsubscribe={"secret": "${UNSUB_SECRET}"}), name="app.yaml"))
+    try:
+        app.create_list("news")
+        subscriber = app.add_subscriber("ada@example.com", lists=["news"])
+        path = f"/unsubscribe/{make_token(SECRET, subscriber, 1)}"
+        one_click = b"List-Unsubscribe=One-Click"
+        form = "application/x-www-form-urlencoded"
+
+        padded = one_click + b"&pad=" + b"x" * MIB
+        status, _, _ = post_streaming(server.port, path, {"Content-Type": form,
+                                                          "Content-Length": str(len(padded))}, iter([padded]))
+        assert status == "HTTP/1.1 413 Request Entity Too Large"
+        # Streamed without a length, the form parser refuses the long field before the cap is reached.
+        status, took, sent = post_streaming(server.port, path, {"Content-Type": form, "Transfer-Encoding": "chunked"},
+                                            chunked(zeros(256 * MIB, 65536)))
+        assert (status, took < 10, sent < 64 * MIB) == ("HTTP/1.1 400 Bad Request", True, True)
+        many_fields = one_click + b"".join(b"&f%d=1" % i for i in range(200))  # 2 KiB, under max_body
+        assert post(server, path, many_fields, form) == 400
+        big_field = one_click + b"&pad=" + b"x" * 8192
+        assert post(server, path, big_field, form) == 400
+        multipart = (b"--b\r\nContent-Disposition: form-data; name=\"List-Unsubscribe\"\r\n\r\nOne-Click\r\n"
+                     b"--b\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.bin\"\r\n\r\nxyz\r\n--b--\r\n")
+        assert post(server, path, multipart, "multipart/form-data; boundary=b") == 400
+        with app.db.connection() as conn:
+            assert conn.execute("SELECT status FROM subscribers").fetchone() == ("active",)
+
+        assert post(server, path, one_click, form) == 200  # RFC 8058's one field still works
+        with app.db.connection() as conn:
+            assert conn.execute("SELECT status FROM subscribers").fetchone() == ("unsubscribed",)
+    finally:
+        app.close()
