@@ -46,6 +46,10 @@ from senddock.unsubscribe import BadToken, UnsubscribeToken, read_token
 log = structlog.get_logger(__name__)
 
 ONE_CLICK_FIELD, ONE_CLICK_VALUE = "List-Unsubscribe", "One-Click"
+# What SNS always sends as strings (or leaves out). Anything else is not SNS, and must not reach
+# code that hashes or formats these fields: a list as TopicArn was a 500.
+_SNS_STRING_FIELDS = ("Type", "MessageId", "TopicArn", "Subject", "Message", "Timestamp", "SignatureVersion",
+                      "Signature", "SigningCertURL", "SubscribeURL", "Token", "UnsubscribeURL")
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
@@ -104,10 +108,13 @@ def create_app(config: Config, db: Database) -> Starlette:
     async def ses_webhook(request: Request) -> JSONResponse:
         try:
             document = json.loads(await request.body())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past Python's stack
             return JSONResponse({"error": "not JSON"}, status_code=400)
         if not isinstance(document, dict):
             return JSONResponse({"error": "not a JSON object"}, status_code=400)
+        odd = next((name for name in _SNS_STRING_FIELDS if not isinstance(document.get(name), (str, type(None)))), None)
+        if odd is not None:
+            return JSONResponse({"error": f"not an SNS message: {odd} is not a string"}, status_code=400)
         # Anyone can sign with SNS's key by publishing to a topic of their own: only the topics
         # configured here are believed, before any subscription is confirmed or event applied.
         if document.get("TopicArn") not in topics:

@@ -1,13 +1,14 @@
 """`senddock serve` under hostile input: a real `senddock serve` process, raw sockets as clients.
 
 Oversized bodies (declared and chunked), slow heads and bodies, more connections than allowed,
-oversized unsubscribe forms. Memory is read from the server's /proc/PID/status: VmHWM (the peak),
+malformed webhook documents and oversized unsubscribe forms. Memory is read from the server's /proc/PID/status: VmHWM (the peak),
 after resetting it through /proc/PID/clear_refs.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import socket
 import subprocess
@@ -229,6 +230,26 @@ def post(server: Server, path: str, body: bytes, content_type: str) -> int:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+def test_malformed_webhook_bodies_are_400_not_500(serve):
+    server = serve()
+    envelope = {"Type": "Notification", "MessageId": "m", "TopicArn": TOPIC, "Message": "{}",
+                "Timestamp": "2026-12-02T10:00:00Z", "SignatureVersion": "2", "Signature": "AAAA",
+                "SigningCertURL": "https://sns.us-east-1.amazonaws.com/cert.pem"}
+    bodies = {
+        "empty": b"",
+        "not JSON": b"{not json",
+        "not UTF-8": b"\xff\xfe\x00{",
+        "an array": b"[1, 2]",
+        "nested 100,000 deep": b"[" * 100_000,
+        "TopicArn not a string": json.dumps({**envelope, "TopicArn": [TOPIC]}).encode(),
+        "Type not a string": json.dumps({**envelope, "Type": {"x": 1}}).encode(),
+        "Signature not a string": json.dumps({**envelope, "Signature": 7}).encode(),
+    }
+    answers = {name: post(server, "/webhooks/ses", body, "text/plain; charset=UTF-8") for name, body in bodies.items()}
+    assert answers == {name: 400 for name in bodies}
+    assert server.get() == 200
 
 
 def test_an_oversized_or_odd_unsubscribe_form_is_refused_and_unsubscribes_nobody(serve, make_config):
