@@ -412,6 +412,6 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
         yield "$.serve", "tls_cert_file and tls_key_file go together"
     if parse_size(serve["max_body"]) < 1024:
         yield "$.serve.max_body", f"must be at least 1KiB ({serve['max_body']!r}): an SNS notification alone is larger"
-    for key in ("body_timeout", "header_timeout", "keep_alive_timeout"):
+    for key in ("body_timeout", "header_timeout", "keep_alive_timeout", "sns_certificate_timeout"):
         if parse_duration(serve[key]) <= 0:
             yield f"$.serve.{key}", "must be longer than 0s"

@@ -9,7 +9,8 @@
 * A malformed or tampered token is answered 400 and changes nothing.
 * ``GET /healthz`` for load balancers: 200 when the database answers.
 * ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The topic must be one
-  of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise); a subscription is confirmed; a notification
+  of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise;
+  503 when the signing certificate cannot be fetched now); a subscription is confirmed; a notification
   is applied as ``senddock events ingest`` would. One about a message no job sent (yet) is
   answered 503, so SNS delivers it again later; a malformed one 400.
 
@@ -38,9 +39,10 @@ from senddock.core import subscribers
 from senddock.core.db import Database
 from senddock.core.events import UnknownMessage, apply_events
 from senddock.core.suppressions import Suppressions
+from senddock.durations import parse_duration
 from senddock.http_limits import BodyLimit, HttpLimits
 from senddock.outcome import EventError
-from senddock.sns import SignatureError, Verifier, is_sns_url
+from senddock.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
 from senddock.unsubscribe import BadToken, UnsubscribeToken, read_token
 
 log = structlog.get_logger(__name__)
@@ -100,7 +102,8 @@ def create_app(config: Config, db: Database) -> Starlette:
         return _page("Unsubscribed", f"<p>{escape(email)} will receive no more of these emails.</p>")
 
     base = config.path.parent if config.path else Path.cwd()
-    verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()})
+    verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()},
+                        timeout=parse_duration(config.section("serve")["sns_certificate_timeout"]))
     suppressions = Suppressions(db)
     pm = config.plugin_manager
     topics = set(config.section("serve").get("sns_topic_arns", []))
@@ -125,6 +128,9 @@ def create_app(config: Config, db: Database) -> Starlette:
         except SignatureError as exc:
             log.warning("sns_refused", reason=str(exc), topic=document.get("TopicArn"))
             return JSONResponse({"error": f"refused: {exc}"}, status_code=403)
+        except CertificateUnavailable as exc:
+            log.warning("sns_unverified", reason=str(exc), topic=document.get("TopicArn"))
+            return JSONResponse({"error": str(exc), "retry": True}, status_code=503)
         kind = document.get("Type")
         if kind == "SubscriptionConfirmation":
             url = str(document.get("SubscribeURL", ""))

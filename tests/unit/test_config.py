@@ -56,7 +56,7 @@ def test_bad_duration_is_reported_with_file_and_json_path(tmp_path: Path):
 def test_serve_limits_have_defaults_and_bad_ones_are_reported(tmp_path: Path):
     serve = load_config(None, environ={}).section("serve")
     assert (serve["max_body"], serve["body_timeout"], serve["header_timeout"], serve["max_connections"],
-            serve["keep_alive_timeout"]) == ("256KiB", "10s", "10s", 100, "5s")
+            serve["keep_alive_timeout"], serve["sns_certificate_timeout"]) == ("256KiB", "10s", "10s", 100, "5s", "5s")
     path = write(tmp_path, "serve:\n  max_body: 256kb\n  header_timeout: soon\n  max_connections: 0\n")
     assert errors_of(path) == [
         f"{path}::$.serve.header_timeout: 'soon' is not a duration (e.g. 30s, 2m, 1h30m)",
