@@ -11,8 +11,8 @@ so a client that sends much, or sends slowly, is refused before it costs anythin
 * :func:`head_deadline_protocol`: uvicorn's h11 protocol with a deadline for the request line and
   headers (``serve.header_timeout``). uvicorn has none: a client sending one header byte a second
   (slowloris) would hold its connection, and a slot of ``max_connections``, forever.
-* :meth:`HttpLimits.uvicorn_options`: ``limit_concurrency``, the keep-alive timeout and the head
-  size (h11's 16 KiB) for uvicorn.
+* :meth:`HttpLimits.uvicorn_options`: ``limit_concurrency``, the keep-alive timeout and h11's
+  buffer for an unfinished head (16 KiB) for uvicorn.
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from senddock.sizes import format_size, parse_size
 
 log = structlog.get_logger(__name__)
 
-# The request line and all headers together; h11's own default, stated here so it is not an accident.
+# How much of an unfinished request head h11 buffers (a longer one is a 400): h11's own default,
+# stated here so it is not an accident. A head arriving whole in one read is parsed as it is, so
+# what one head can take is bounded by that read (asyncio's 256 KiB), not by this.
 MAX_HEAD = 16 * 1024
 
 

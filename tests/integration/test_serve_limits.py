@@ -1,8 +1,8 @@
 """`senddock serve` under hostile input: a real `senddock serve` process, raw sockets as clients.
 
 Oversized bodies (declared and chunked), slow heads and bodies, more connections than allowed,
-malformed webhook documents and oversized unsubscribe forms. Memory is read from the server's /proc/PID/status: VmHWM (the peak),
-after resetting it through /proc/PID/clear_refs.
+malformed webhook documents and oversized unsubscribe forms. Memory is read from the server's
+/proc/PID/status: VmHWM (the peak), after resetting it through /proc/PID/clear_refs.
 """
 
 from __future__ import annotations
