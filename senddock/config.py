@@ -24,6 +24,7 @@ import yaml
 from senddock.durations import is_duration, parse_duration
 from senddock.errors import ConfigError
 from senddock.redact import is_secret_key, redact
+from senddock.sizes import is_size, parse_size
 
 ENV_CONFIG = "SENDDOCK_CONFIG"
 ENV_DATABASE_URL = "SENDDOCK_DATABASE_URL"
@@ -31,7 +32,7 @@ DEFAULT_CONFIG_PATHS = (Path("config/senddock.yaml"), Path("senddock.yaml"))
 
 _ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 # Errors that a value written as ${ENV} may legitimately raise before it is substituted.
-_DEFERRED_VALIDATORS = {"type", "enum", "const", "duration", "pattern", "minLength", "maxLength", "anyOf", "oneOf"}
+_DEFERRED_VALIDATORS = {"type", "enum", "const", "duration", "size", "pattern", "minLength", "maxLength", "anyOf", "oneOf"}
 
 
 def _duration_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapping) -> Iterator[Any]:
@@ -39,7 +40,13 @@ def _duration_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapp
         yield jsonschema.ValidationError(f"{instance!r} is not a duration (e.g. 30s, 2m, 1h30m)")
 
 
-Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"duration": _duration_keyword})
+def _size_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapping) -> Iterator[Any]:
+    if enabled and isinstance(instance, (str, int)) and not is_size(instance):
+        yield jsonschema.ValidationError(f"{instance!r} is not a size (e.g. 256KiB, 1MiB, or a number of bytes)")
+
+
+Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {"duration": _duration_keyword, "size": _size_keyword})
 
 
 def base_schema() -> dict[str, Any]:
@@ -432,3 +439,8 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
     serve = data["serve"]
     if bool(serve["tls_cert_file"]) != bool(serve["tls_key_file"]):
         yield "$.serve", "tls_cert_file and tls_key_file go together"
+    if parse_size(serve["max_body"]) < 1024:
+        yield "$.serve.max_body", f"must be at least 1KiB ({serve['max_body']!r}): an SNS notification alone is larger"
+    for key in ("body_timeout", "header_timeout", "keep_alive_timeout", "sns_certificate_timeout"):
+        if parse_duration(serve[key]) <= 0:
+            yield f"$.serve.{key}", "must be longer than 0s"

@@ -9,7 +9,8 @@
 * A malformed or tampered token is answered 400 and changes nothing.
 * ``GET /healthz`` for load balancers: 200 when the database answers.
 * ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The topic must be one
-  of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise); a subscription is confirmed; a notification
+  of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise;
+  503 when the signing certificate cannot be fetched now); a subscription is confirmed; a notification
   is applied as ``senddock events ingest`` would. One about a message no job sent (yet) is
   answered 503, so SNS delivers it again later; a malformed one 400.
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import structlog
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.routing import Route
@@ -37,13 +39,19 @@ from senddock.core import subscribers
 from senddock.core.db import Database
 from senddock.core.events import UnknownMessage, apply_events
 from senddock.core.suppressions import Suppressions
+from senddock.durations import parse_duration
+from senddock.http_limits import BodyLimit, HttpLimits
 from senddock.outcome import EventError
-from senddock.sns import SignatureError, Verifier, is_sns_url
+from senddock.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
 from senddock.unsubscribe import BadToken, UnsubscribeToken, read_token
 
 log = structlog.get_logger(__name__)
 
 ONE_CLICK_FIELD, ONE_CLICK_VALUE = "List-Unsubscribe", "One-Click"
+# What SNS always sends as strings (or leaves out). Anything else is not SNS, and must not reach
+# code that hashes or formats these fields: a list as TopicArn was a 500.
+_SNS_STRING_FIELDS = ("Type", "MessageId", "TopicArn", "Subject", "Message", "Timestamp", "SignatureVersion",
+                      "Signature", "SigningCertURL", "SubscribeURL", "Token", "UnsubscribeURL")
 
 _PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
@@ -82,7 +90,9 @@ def create_app(config: Config, db: Database) -> Starlette:
         token = token_of(request)
         if token is None:
             return _page("Invalid link", "<p>This unsubscribe link is not valid. Nothing was changed.</p>", 400)
-        form = await request.form()
+        # RFC 8058 posts one short field: room for a few more, none long, no files (the body as a
+        # whole is capped by BodyLimit before this reads it).
+        form = await request.form(max_files=0, max_fields=10, max_part_size=1024)
         if form.get(ONE_CLICK_FIELD) != ONE_CLICK_VALUE:
             return _page("Bad request", f"<p>Expected {ONE_CLICK_FIELD}={ONE_CLICK_VALUE} (RFC 8058).</p>", 400)
         email = await run_in_threadpool(_unsubscribe, db, token)
@@ -92,7 +102,8 @@ def create_app(config: Config, db: Database) -> Starlette:
         return _page("Unsubscribed", f"<p>{escape(email)} will receive no more of these emails.</p>")
 
     base = config.path.parent if config.path else Path.cwd()
-    verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()})
+    verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()},
+                        timeout=parse_duration(config.section("serve")["sns_certificate_timeout"]))
     suppressions = Suppressions(db)
     pm = config.plugin_manager
     topics = set(config.section("serve").get("sns_topic_arns", []))
@@ -100,10 +111,13 @@ def create_app(config: Config, db: Database) -> Starlette:
     async def ses_webhook(request: Request) -> JSONResponse:
         try:
             document = json.loads(await request.body())
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past Python's stack
             return JSONResponse({"error": "not JSON"}, status_code=400)
         if not isinstance(document, dict):
             return JSONResponse({"error": "not a JSON object"}, status_code=400)
+        odd = next((name for name in _SNS_STRING_FIELDS if not isinstance(document.get(name), (str, type(None)))), None)
+        if odd is not None:
+            return JSONResponse({"error": f"not an SNS message: {odd} is not a string"}, status_code=400)
         # Anyone can sign with SNS's key by publishing to a topic of their own: only the topics
         # configured here are believed, before any subscription is confirmed or event applied.
         if document.get("TopicArn") not in topics:
@@ -114,6 +128,9 @@ def create_app(config: Config, db: Database) -> Starlette:
         except SignatureError as exc:
             log.warning("sns_refused", reason=str(exc), topic=document.get("TopicArn"))
             return JSONResponse({"error": f"refused: {exc}"}, status_code=403)
+        except CertificateUnavailable as exc:
+            log.warning("sns_unverified", reason=str(exc), topic=document.get("TopicArn"))
+            return JSONResponse({"error": str(exc), "retry": True}, status_code=503)
         kind = document.get("Type")
         if kind == "SubscriptionConfirmation":
             url = str(document.get("SubscribeURL", ""))
@@ -148,7 +165,10 @@ def create_app(config: Config, db: Database) -> Starlette:
     async def not_found(request: Request, exc: Exception) -> PlainTextResponse:
         return PlainTextResponse("not found", status_code=404)
 
+    limits = HttpLimits.from_settings(config.section("serve"))
     return Starlette(
+        # Inside Starlette's error middleware, so a refused body is never turned into a 500.
+        middleware=[Middleware(BodyLimit, max_body=limits.max_body, timeout=limits.body_timeout)],
         routes=[
             Route("/unsubscribe/{token}", confirm, methods=["GET"]),
             Route("/unsubscribe/{token}", one_click, methods=["POST"]),

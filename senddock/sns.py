@@ -6,6 +6,11 @@ attacker-controlled until proven otherwise, so a certificate is fetched only ove
 SNS host of amazonaws.com (``sns.<region>.amazonaws.com``), and cached. Certificates configured as
 trusted for a given URL (``serve.sns_certificates``) are used instead of fetching: for tests, and
 for networks that cannot reach AWS.
+
+Forged messages cost little: a fetch is bounded in time (the whole of it, see
+:mod:`senddock.fetch`) and size; a failed one is remembered for a minute, so a flood pointing at a
+bad URL fetches it once; concurrent requests for one URL share one fetch; and only a few URLs are
+fetched at once, the rest refused at once rather than queued.
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ from __future__ import annotations
 import base64
 import re
 import threading
-import urllib.request
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -23,6 +28,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
+
+from senddock.fetch import FetchError, fetch_small
 
 # A region's SNS endpoint only (sns.us-east-1.amazonaws.com, sns.us-gov-west-1..., sns.cn-north-1
 # ...amazonaws.com.cn): a looser pattern would also match S3 bucket hosts anyone can serve from.
@@ -33,10 +40,19 @@ _SIGNED_FIELDS = {
     "UnsubscribeConfirmation": ("Message", "MessageId", "SubscribeURL", "Timestamp", "Token", "TopicArn", "Type"),
 }
 _HASHES = {"1": hashes.SHA1, "2": hashes.SHA256}
+MAX_CERTIFICATE = 64 * 1024  # SNS's certificates are under 2 KiB; a chain would still fit
+FAILURE_TTL = 60.0  # seconds a failed fetch is remembered
+MAX_FETCHES = 4  # different URLs fetched at once
+_MAX_CACHED, _MAX_FAILURES = 100, 1000  # forged URLs must not grow the caches without end
 
 
 class SignatureError(Exception):
     """The message is not provably from SNS: refuse it (403) and apply nothing."""
+
+
+class CertificateUnavailable(Exception):
+    """The signing certificate cannot be had now: nothing is proven either way. Answer 503, so
+    SNS delivers a genuine message again later."""
 
 
 def is_sns_url(url: str) -> bool:
@@ -46,7 +62,8 @@ def is_sns_url(url: str) -> bool:
 
 def string_to_sign(message: Mapping[str, Any]) -> bytes:
     """The canonical string SNS signs: ``name\\nvalue\\n`` for each signed field present, in order."""
-    fields = _SIGNED_FIELDS.get(message.get("Type"))
+    kind = message.get("Type")
+    fields = _SIGNED_FIELDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
         raise SignatureError(f"unknown SNS message type {message.get('Type')!r}")
     out = []
@@ -59,15 +76,37 @@ def string_to_sign(message: Mapping[str, Any]) -> bytes:
 
 
 class Verifier:
-    def __init__(self, trusted: Mapping[str, Path] | None = None, *, timeout: float = 10.0) -> None:
-        self._certificates: dict[str, x509.Certificate] = {
+    """Verifies SNS signatures; thread-safe (``serve`` calls it from its thread pool).
+
+    ``url_allowed`` and ``fetch`` are for tests, which serve certificates from a local server.
+    """
+
+    def __init__(
+        self,
+        trusted: Mapping[str, Path] | None = None,
+        *,
+        timeout: float = 5.0,
+        url_allowed: Callable[[str], bool] = is_sns_url,
+        fetch: Callable[..., bytes] = fetch_small,
+        failure_ttl: float = FAILURE_TTL,
+        max_fetches: int = MAX_FETCHES,
+    ) -> None:
+        self._trusted: dict[str, x509.Certificate] = {
             url: x509.load_pem_x509_certificate(Path(path).read_bytes()) for url, path in (trusted or {}).items()
         }
-        self._lock = threading.Lock()
         self._timeout = timeout
+        self._url_allowed = url_allowed
+        self._fetch = fetch
+        self._failure_ttl = failure_ttl
+        self._max_fetches = max_fetches
+        self._lock = threading.Lock()
+        self._certificates: dict[str, x509.Certificate] = {}
+        self._failures: dict[str, tuple[float, str]] = {}  # url -> (until, why)
+        self._fetching: dict[str, threading.Event] = {}  # url -> set when its fetch is over
 
     def verify(self, message: Mapping[str, Any]) -> None:
-        """Raise :class:`SignatureError` unless SNS signed ``message``."""
+        """Raise :class:`SignatureError` unless SNS signed ``message``, :class:`CertificateUnavailable`
+        when its certificate cannot be had now."""
         algorithm = _HASHES.get(str(message.get("SignatureVersion")))
         if algorithm is None:
             raise SignatureError("unsigned, or an unknown SignatureVersion")
@@ -82,17 +121,50 @@ class Verifier:
             raise SignatureError("the signature does not match") from None
 
     def _certificate(self, url: str) -> x509.Certificate:
-        with self._lock:
-            cached = self._certificates.get(url)
-        if cached is not None:
-            return cached
-        if not is_sns_url(url):
+        if url in self._trusted:
+            return self._trusted[url]
+        if not self._url_allowed(url):
             raise SignatureError(f"SigningCertURL is not an SNS host of amazonaws.com: {url!r}")
+        while True:
+            with self._lock:
+                if url in self._certificates:
+                    return self._certificates[url]
+                until, why = self._failures.get(url, (0.0, ""))
+                if time.monotonic() < until:
+                    raise CertificateUnavailable(f"{why} (failed recently; tried again after {self._failure_ttl:g}s)")
+                done = self._fetching.get(url)
+                if done is None:
+                    if len(self._fetching) >= self._max_fetches:
+                        raise CertificateUnavailable("too many signing certificates being fetched at once")
+                    done = self._fetching[url] = threading.Event()
+                    break
+            # Another request is fetching this URL: wait for its outcome rather than fetch it too.
+            if not done.wait(self._timeout + 1):
+                raise CertificateUnavailable("the signing certificate is still being fetched")
         try:
-            with urllib.request.urlopen(url, timeout=self._timeout) as response:  # noqa: S310 - https, SNS host
-                certificate = x509.load_pem_x509_certificate(response.read())
-        except (OSError, ValueError) as exc:
-            raise SignatureError(f"cannot fetch the signing certificate: {exc}") from None
+            return self._fetch_certificate(url)
+        finally:
+            with self._lock:
+                del self._fetching[url]
+            done.set()
+
+    def _fetch_certificate(self, url: str) -> x509.Certificate:
+        try:
+            certificate = x509.load_pem_x509_certificate(
+                self._fetch(url, timeout=self._timeout, max_size=MAX_CERTIFICATE))
+        except (FetchError, ValueError) as exc:
+            why = f"cannot fetch the signing certificate: {exc}"
+            with self._lock:
+                _bounded_put(self._failures, url, (time.monotonic() + self._failure_ttl, why), _MAX_FAILURES)
+            raise CertificateUnavailable(why) from None
         with self._lock:
-            self._certificates[url] = certificate
+            _bounded_put(self._certificates, url, certificate, _MAX_CACHED)
         return certificate
+
+
+def _bounded_put(cache: dict[str, Any], key: str, value: Any, limit: int) -> None:
+    """Insert, dropping the oldest entries past ``limit`` (dicts keep insertion order)."""
+    cache.pop(key, None)
+    cache[key] = value
+    while len(cache) > limit:
+        del cache[next(iter(cache))]

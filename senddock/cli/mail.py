@@ -109,6 +109,7 @@ def serve(args: argparse.Namespace, out: Output) -> int:
     _Server = _server_class()
 
     from senddock.core.db import Database
+    from senddock.http_limits import HttpLimits
     from senddock.serve import create_app
 
     config = open_config(args)
@@ -124,8 +125,10 @@ def serve(args: argparse.Namespace, out: Output) -> int:
         tls = {"ssl_certfile": str(base / settings["tls_cert_file"]) if base else settings["tls_cert_file"],
                "ssl_keyfile": str(base / settings["tls_key_file"]) if base else settings["tls_key_file"]}
     log.info("serve_started", host=host, port=port, tls=bool(tls))
+    limits = HttpLimits.from_settings(settings)
     # access_log off: request paths carry unsubscribe tokens.
-    server = _Server(uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None, **tls))
+    server = _Server(uvicorn.Config(app, host=host, port=port, access_log=False, log_config=None,
+                                    **limits.uvicorn_options(), **tls))
     try:
         server.run()
     finally:

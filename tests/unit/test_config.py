@@ -56,6 +56,25 @@ def test_bad_duration_is_reported_with_file_and_json_path(tmp_path: Path):
     assert error.startswith(f"{path}::$.retry.schedule[2]: 'soon' is not a duration")
 
 
+def test_serve_limits_have_defaults_and_bad_ones_are_reported(tmp_path: Path):
+    serve = load_config(None, environ={}).section("serve")
+    assert (serve["max_body"], serve["body_timeout"], serve["header_timeout"], serve["max_connections"],
+            serve["keep_alive_timeout"], serve["sns_certificate_timeout"]) == ("256KiB", "10s", "10s", 100, "5s", "5s")
+    path = write(tmp_path, "serve:\n  max_body: 256kb\n  header_timeout: soon\n  max_connections: 0\n")
+    assert errors_of(path) == [
+        f"{path}::$.serve.header_timeout: 'soon' is not a duration (e.g. 30s, 2m, 1h30m)",
+        f"{path}::$.serve.max_body: '256kb' is not a size (e.g. 256KiB, 1MiB, or a number of bytes)",
+        f"{path}::$.serve.max_connections: 0 is less than the minimum of 1",
+    ]
+    path = write(tmp_path, "serve:\n  max_body: 100\n  body_timeout: 0s\n")
+    assert errors_of(path) == [
+        f"{path}::$.serve.max_body: must be at least 1KiB (100): an SNS notification alone is larger",
+        f"{path}::$.serve.body_timeout: must be longer than 0s",
+    ]
+    path = write(tmp_path, "serve:\n  max_body: ${MAX_BODY}\n")
+    assert load_config(path, environ={"MAX_BODY": "1MiB"}).section("serve")["max_body"] == "1MiB"
+
+
 def test_misspelled_key_is_an_error_with_a_suggestion_at_every_level(tmp_path: Path):
     path = write(tmp_path, "workrs: 3\nretry:\n  jiter: 0.2\nsmtp:\n  hots: mail\n")
     errors = errors_of(path)

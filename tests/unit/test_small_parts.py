@@ -8,6 +8,7 @@ import pytest
 from senddock.core.queries import all_queries
 from senddock.durations import format_duration, parse_duration
 from senddock.redact import MASK, redact, redact_dsn
+from senddock.sizes import format_size, parse_size
 
 PACKAGE = Path(__file__).resolve().parents[2] / "senddock"
 
@@ -26,6 +27,23 @@ def test_not_durations(text: str):
 
 def test_format_duration():
     assert [format_duration(s) for s in (0, 0.25, 30, 90, 5400, 90061)] == ["0s", "250ms", "30s", "1m30s", "1h30m", "1d1h1m1s"]
+
+
+@pytest.mark.parametrize(("text", "size"), [("256KiB", 262144), ("1MiB", 1048576), ("512B", 512), ("1 GiB", 2**30),
+                                            ("1.5KiB", 1536), ("262144", 262144), (4096, 4096)])
+def test_sizes(text: str | int, size: int):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["256kb", "256KB", "1M", "", "KiB", "-1KiB", -5, True, "1 2KiB"])
+def test_not_sizes(text: str | int):
+    with pytest.raises(ValueError, match="is not a size"):
+        parse_size(text)
+
+
+def test_format_size():
+    assert [format_size(n) for n in (0, 1000, 1024, 262144, 3 * 2**20, 2**30)] == [
+        "0B", "1000B", "1KiB", "256KiB", "3MiB", "1GiB"]
 
 
 def test_redaction_of_secret_keys_and_dsns():
