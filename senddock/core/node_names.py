@@ -38,17 +38,19 @@ class NotASession(DatabaseError):
 
 
 def claim_name(conn: psycopg.Connection, requested: str | None, *, node_id: uuid.UUID, lock_class: int,
-               wait: float, stopping: threading.Event) -> str:
+               lease: float, stopping: threading.Event, reconnecting: bool = False) -> str:
     """Take and hold the node's name: ``requested``, or the first free default slot. ``node_id``:
-    this incarnation (after a reconnect its own lingering session is waited for, not refused)."""
+    this incarnation; ``reconnecting``: its lifeline is coming back, so a name it cannot take for
+    want of a live holder is worth another try later (``OperationalError``), not a refusal."""
     if requested:
-        _take(conn, requested, node_id=node_id, lock_class=lock_class, wait=wait, stopping=stopping)
+        _take(conn, requested, node_id=node_id, lock_class=lock_class, lease=lease, stopping=stopping,
+              reconnecting=reconnecting)
         return requested
     host = socket.gethostname()
     for slot in range(1, MAX_DEFAULT_SLOTS + 1):
         name = host if slot == 1 else f"{host}-{slot}"
         try:
-            _take(conn, name, node_id=node_id, lock_class=lock_class, wait=wait, stopping=stopping)
+            _take(conn, name, node_id=node_id, lock_class=lock_class, lease=lease, stopping=stopping)
             return name
         except NodeNameTaken:
             continue
@@ -56,21 +58,30 @@ def claim_name(conn: psycopg.Connection, requested: str | None, *, node_id: uuid
                         "give one with --node or node.name")
 
 
-def _take(conn: psycopg.Connection, name: str, *, node_id: uuid.UUID, lock_class: int, wait: float,
-          stopping: threading.Event) -> None:
-    """Hold ``name``; refuse at once when a live incarnation holds it, and wait (up to ``wait``) for
-    one that is gone but whose session lingers on the server for a moment."""
-    deadline = time.monotonic() + wait
-    while not conn.execute(query("node_name_lock"), {"name_class": NAME_LOCK_CLASS, "name": name}).fetchone()[0]:
-        live = conn.execute(query("node_name_holder"),
-                            {"name": name, "node_id": node_id, "lock_class": lock_class}).fetchone()
-        if live is not None:
-            host, pid, started_at = live
-            raise NodeNameTaken(f"node name {name!r} is held by a live node (host {host}, pid {pid}, running since "
-                                f"{started_at:%Y-%m-%d %H:%M:%S %Z}): give this one another --node, or stop that one")
+def _take(conn: psycopg.Connection, name: str, *, node_id: uuid.UUID, lock_class: int, lease: float,
+          stopping: threading.Event, reconnecting: bool = False) -> None:
+    """Hold ``name``. A live incarnation holding it (heartbeat within the lease) refuses it at once.
+    Otherwise its holder is gone and only its session lingers on the server: a dead host's (kept
+    until TCP keepalive notices, possibly hours) or this node's own from before a network cut.
+    Those lifeline sessions are ended, then the name taken; a gone node past its lease may have
+    its jobs taken by anyone anyway, and it stops sending on its own before that."""
+    deadline = time.monotonic() + lease
+    params = {"name_class": NAME_LOCK_CLASS, "name": name, "node_id": node_id, "lock_class": lock_class}
+    while not conn.execute(query("node_name_lock"), params).fetchone()[0]:
+        holder = conn.execute(query("node_name_holder"), params).fetchone()
+        if holder is not None and holder[3] < lease:
+            host, pid, started_at, age = holder
+            raise NodeNameTaken(
+                f"node name {name!r} is held by a live node (host {host}, pid {pid}, running since "
+                f"{started_at:%Y-%m-%d %H:%M:%S %Z}, last heartbeat {age:.0f}s ago): give this one another "
+                "--node, or stop that one (a node that is gone is taken over once its heartbeat is older than "
+                "recovery.lease)")
+        conn.execute(query("node_name_end_lingering"), params)
         if time.monotonic() > deadline or stopping.is_set():
-            raise NodeNameTaken(f"node name {name!r} is held by another database session that is not a live "
-                                "senddock node: give another --node")
+            message = f"node name {name!r} is held by another database session that is not a live senddock node"
+            if reconnecting:
+                raise psycopg.OperationalError(message)
+            raise NodeNameTaken(message + ": give another --node")
         time.sleep(0.2)
 
 

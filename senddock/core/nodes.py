@@ -62,6 +62,7 @@ class Lifeline(threading.Thread):
         self._last_ok = time.monotonic()
         self._lock_held = False
         self.lock_id: int | None = None
+        self.epoch: uuid.UUID | None = None  # the server epoch this lifeline last connected in
         self.registered = threading.Event()
         # Why the node must not run: a SenddockError to report as it is (its name is taken, a
         # pooler in transaction mode), or the first line of another error with secrets masked.
@@ -122,9 +123,11 @@ class Lifeline(threading.Thread):
 
     def _serve(self, conn: psycopg.Connection) -> None:
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.
-        ensure_epoch(conn)
+        # Workers compare it with theirs: a change means results may be lost even where their own
+        # connections never broke (behind a pooler).
+        self.epoch = ensure_epoch(conn).id
         name = claim_name(conn, self.node.name or self._requested_name, node_id=self.node.id, lock_class=LOCK_CLASS,
-                          wait=self._lease, stopping=self._stop_event)
+                          lease=self._lease, stopping=self._stop_event, reconnecting=self.lock_id is not None)
         if self.lock_id is None:
             self.node = replace(self.node, name=name)
             self.lock_id = conn.execute(

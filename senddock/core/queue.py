@@ -83,7 +83,8 @@ class Queue:
         self._synchronous_commit = "off" if result_commit == "async" else "on"
 
     def claim(self, limit: int, token: uuid.UUID | None = None) -> list[ClaimedJob]:
-        params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4()}
+        params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4(),
+                  "async_results": self._synchronous_commit == "off"}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
             jobs = cur.execute(query("jobs_claim"), params).fetchall()
         now = time.monotonic()
@@ -96,7 +97,10 @@ class Queue:
         started_at: datetime | None,
         result: JobResult,
         next_job: ClaimedJob | None,
+        *,
+        synchronous: bool = False,
     ) -> Recorded:
+        """Commit one send's result (``synchronous``: wait for the disk whatever result_commit says)."""
         params = {
             "job_id": job.id,
             "claim_token": job.claim_token,
@@ -122,7 +126,7 @@ class Queue:
             "next_job_id": next_job.id if next_job else None,
             "next_claim_token": next_job.claim_token if next_job else None,
             "next_campaign_id": next_job.campaign_id if next_job else None,
-            "synchronous_commit": self._synchronous_commit,
+            "synchronous_commit": "on" if synchronous else self._synchronous_commit,
         }
         if result.bounce:
             # The pending hooks row commits with the bounce, so a crash cannot lose the suppression.
@@ -136,14 +140,22 @@ class Queue:
             recorded, next_status, _ = self.conn.execute(query("job_record_result"), params).fetchone()
         late_sent = False
         if not recorded and result.ok:
-            late_sent = self.conn.execute(query("job_record_late_success"), params).fetchone() is not None
+            late_sent = self.late_success(job, result)
         return Recorded(recorded, late_sent, next_status is not None, next_status)
 
-    def result_recorded(self, job: ClaimedJob, started_at: datetime | None) -> bool:
-        """Whether this node already committed the result of this send of ``job`` (checked only
-        after a reconnect, when a commit's reply was lost)."""
+    def late_success(self, job: ClaimedJob, result: JobResult) -> bool:
+        """A delivery under a lost claim: mark the job sent unless someone sent it since."""
+        params = {"job_id": job.id, "last_result": result.last_result[:2000].replace("\x00", ""),
+                  "provider_message_id": result.provider_message_id}
+        return self.conn.execute(query("job_record_late_success"), params).fetchone() is not None
+
+    def result_recorded(self, job: ClaimedJob, started_at: datetime | None) -> bool | None:
+        """Whether this node already committed the result of this send of ``job`` (checked after a
+        reconnect: a commit's reply was lost, or a crash may have lost the commit): None when it
+        did not, else whether it was recorded under a lost claim."""
         params = {"job_id": job.id, "node_id": self.node.id, "started_at": started_at}
-        return self.conn.execute(query("job_result_recorded"), params).fetchone()[0]
+        row = self.conn.execute(query("job_result_recorded"), params).fetchone()
+        return None if row is None else row[0]
 
     def release(self, jobs: Sequence[ClaimedJob]) -> int:
         if not jobs:

@@ -132,8 +132,9 @@ class Runner:
         if trip is not None:
             self.pause_campaign(campaign_id, trip.reason, queue, auto_resume=trip.auto_resume)
 
-    def bounced(self, bounce: Bounce, queue: Queue | None = None) -> None:
-        """After a bounce is recorded: the bounce-rate breaker, then the hooks unless it holds them."""
+    def bounced(self, bounce: Bounce, queue: Queue | None = None) -> bool:
+        """After a bounce is recorded: the bounce-rate breaker, then the hooks unless it holds them.
+        Returns whether the hooks ran."""
         job = bounce.job
         with self._queue_for(queue) as q:
             tripped, holding = q.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
@@ -144,8 +145,9 @@ class Runner:
                                     "`campaign unsuppress --since-pause` (they were not)")
             if holding:
                 q.bounce_hold(job.job_id)  # its hooks wait until a person decides
-                return
+                return False
         self.run_bounce_hooks(bounce, queue)
+        return True
 
     def run_bounce_hooks(self, bounce: Bounce, queue: Queue | None = None) -> bool:
         """on_bounced for every plugin, outside any transaction; the pending row goes once all returned."""

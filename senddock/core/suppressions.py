@@ -35,10 +35,13 @@ class Suppressions:
         email = check_address(email)
         params = {"email": email, "reason": reason, "code": code, "diagnostic": diagnostic, "broadcast_id": broadcast_id}
         with self._db.connection() as conn:
-            added = conn.execute(query("suppression_add"), params).fetchone() is not None
-        if added:
-            log.info("address_suppressed", email=email, reason=reason, code=code, broadcast_id=broadcast_id)
-        return added
+            row = conn.execute(query("suppression_add"), params).fetchone()
+        # No row: suppressed already, for as strong a reason. False: a bounce's suppression now
+        # carries this stronger reason (never undone by `campaign unsuppress`).
+        if row is not None:
+            log.info("address_suppressed", email=email, reason=reason, code=code, broadcast_id=broadcast_id,
+                     **({} if row[0] else {"replaces": "bounced"}))
+        return row is not None and row[0]
 
 
 def list_suppressions(conn: psycopg.Connection, *, reason: str | None = None, search: str | None = None) -> list[dict]:

@@ -80,6 +80,8 @@ class Worker(threading.Thread):
         self._held: list[_Batch] = []
         # Broadcasts this worker recorded results for since it last tried to finish campaigns.
         self._touched: set[int] = set()
+        # The server epoch this worker's held results were last known under (see the lifeline).
+        self._epoch = None
 
     def run(self) -> None:
         runner = self.runner
@@ -90,7 +92,7 @@ class Worker(threading.Thread):
                     with runner.db.connection() as conn:
                         backoff = 0.1
                         queue = runner.queue(conn)
-                        ensure_epoch(conn)
+                        self._epoch = ensure_epoch(conn).id
                         self._settle(queue)
                         self._loop(queue)
                 except psycopg.OperationalError as exc:
@@ -134,18 +136,40 @@ class Worker(threading.Thread):
         recorded: dict[int, Recorded] = {}
         for batch in list(self._held):
             for item in batch.unsure:
-                if queue.result_recorded(item.job, item.started_at):
-                    continue
-                recorded[item.job.id] = queue.record(item.job, item.attempt, item.started_at, item.result, None)
-                log.warning("result_committed_again", worker=self.index, job_id=item.job.id,
-                            outcome=item.result.outcome, claim_lost=not recorded[item.job.id].recorded)
-                if item.result.bounce and item.hooks_ran:
-                    queue.bounce_done(item.job.id)
+                recorded[item.job.id] = self._settle_result(queue, item)
             released = queue.release_claim(batch.token) if batch.jobs is None else queue.release(batch.unstarted())
             if released:
                 log.info("batch_put_back", worker=self.index, jobs=released)
             self._unhold(batch)
         return recorded
+
+    def _settle_result(self, queue: Queue, item: _Result) -> Recorded:
+        """One result of unknown durability: already there, or committed again (synchronously: a
+        second crash must not lose it again once its batch is let go)."""
+        claim_lost = queue.result_recorded(item.job, item.started_at)
+        if claim_lost is None:
+            again = queue.record(item.job, item.attempt, item.started_at, item.result, None, synchronous=True)
+            log.warning("result_committed_again", worker=self.index, job_id=item.job.id,
+                        outcome=item.result.outcome, claim_lost=not again.recorded)
+            if item.result.bounce and item.hooks_ran:
+                queue.bounce_done(item.job.id)
+            return again
+        # It went through; only its reply was lost (or the crash spared it). Under a lost claim,
+        # a delivery must still be marked sent unless someone sent it since.
+        late_sent = claim_lost and item.result.ok and queue.late_success(item.job, item.result)
+        return Recorded(recorded=not claim_lost, late_sent=late_sent, next_ours=False, next_campaign_status=None)
+
+    def _settle_if_the_server_lost_wal(self, queue: Queue) -> None:
+        """The lifeline saw a new server epoch: results this worker committed asynchronously may be
+        gone even though its own connection never broke (a pooler in transaction mode keeps the
+        client side of it open across a Postgres crash). Check them now."""
+        epoch = self.runner.lifeline.epoch
+        if epoch is None or epoch == self._epoch:
+            return
+        if self._epoch is not None and self._held:
+            log.warning("server_epoch_changed", worker=self.index, batches=len(self._held))
+            self._settle(queue)
+        self._epoch = epoch
 
     def _last_settle(self) -> None:
         """On the way out: settle on a fresh connection if there is anything to settle, else leave
@@ -176,6 +200,7 @@ class Worker(threading.Thread):
             if not runner.lifeline.may_send():
                 runner.wait_for_work()  # self-fenced: no claims until the heartbeat is back
                 continue
+            self._settle_if_the_server_lost_wal(queue)
             self.busy = True
             # The batch's token is held before the claim commits, so orphan recovery never takes
             # a batch a worker is about to send.
@@ -251,8 +276,7 @@ class Worker(threading.Thread):
         )
         item = _Result(job, job.attempts + (1 if outcome.counts else 0), started_at, outcome)
         recorded = self._record(queue, batch, item, next_job)
-        self._after(queue, job, verdict, outcome, recorded)
-        item.hooks_ran = True
+        item.hooks_ran = self._after(queue, job, verdict, outcome, recorded)
         return recorded, outcome
 
     def _record(self, queue: Queue, batch: _Batch, item: _Result, next_job: ClaimedJob | None) -> Recorded:
@@ -278,11 +302,7 @@ class Worker(threading.Thread):
                 with self.runner.db.connection() as conn:
                     fresh = self.runner.queue(conn)
                     ensure_epoch(conn)
-                    again = self._settle(fresh).get(item.job.id)
-                    # None: the first commit went through and only its reply was lost.
-                    recorded = again or Recorded(recorded=True, late_sent=False, next_ours=False,
-                                                 next_campaign_status=None)
-                    return replace(recorded, batch_released=True)
+                    return replace(self._settle(fresh)[item.job.id], batch_released=True)
             except psycopg.OperationalError as exc:
                 if time.monotonic() > deadline:
                     raise
@@ -290,7 +310,9 @@ class Worker(threading.Thread):
                 time.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _after(self, queue: Queue, job: ClaimedJob, verdict, outcome: JobResult, recorded: Recorded) -> None:
+    def _after(self, queue: Queue, job: ClaimedJob, verdict, outcome: JobResult, recorded: Recorded) -> bool:
+        """Log, count, and act on a recorded result; returns whether on_bounced hooks ran (a bounce
+        whose hooks are held for the bounce-rate breaker must keep its pending row)."""
         runner = self.runner
         log.info(
             "send_attempt",
@@ -307,17 +329,19 @@ class Worker(threading.Thread):
         runner.stats.count(outcome.outcome if recorded.recorded else "claim_lost")
         if recorded.batch_released:
             queue = None  # the worker's connection is gone; the runner uses a pooled one
+        hooks_ran = False
         if outcome.bounce:
             # Even under a lost claim: the address is dead whoever owns the job now.
-            runner.bounced(self._bounce(job, outcome), queue)
+            hooks_ran = runner.bounced(self._bounce(job, outcome), queue)
         if not recorded.recorded:
-            return
+            return hooks_ran
         if outcome.outcome == "pause":
             runner.pause_campaign(job.campaign_id, verdict.reason, queue)
         else:
             # A bad address (about the recipient, refused before the transport) neither adds to a
             # run of relay failures nor ends one: only deliveries end runs.
             runner.track_failures(job.campaign_id, verdict, queue)
+        return hooks_ran
 
     @staticmethod
     def _bounce(job: ClaimedJob, outcome: JobResult) -> Bounce:

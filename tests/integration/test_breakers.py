@@ -290,3 +290,52 @@ def test_an_empty_claim_finishes_the_campaign_at_once(make_config, smtp_sink):
         runner.request_stop()
         thread.join(30)
     app.close()
+
+
+def test_probes_go_on_however_long_the_relay_stays_away(senddock_app, database_dsn):
+    """2^1024 overflows float8: after ~1000 probes the backoff must stay capped, not fail every probe."""
+    campaign_id = make_broadcast(senddock_app, ["a@example.com"])
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE campaigns SET status = 'paused', paused_reason = 'relay_unavailable: test', "
+                     "auto_resume = true, probe_at = now(), probes = 1100")
+        due = Queue(conn, NodeIdentity(__import__("uuid").uuid4(), "n", "h", 1)).probe_due(5.0, 300.0)
+        wait = conn.execute("SELECT extract(epoch FROM probe_at - now()) FROM campaigns").fetchone()[0]
+    assert due is not None and due[0] == campaign_id
+    assert 290 < wait <= 300
+
+
+def test_an_operator_can_take_over_a_pause_that_would_resume_by_itself(senddock_app, database_dsn):
+    campaign_id = make_broadcast(senddock_app, ["a@example.com"])
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE campaigns SET status = 'paused', paused_reason = 'relay_unavailable: test', "
+                     "auto_resume = true, probe_at = now()")
+    senddock_app.pause_campaign(campaign_id)
+    assert _campaign(senddock_app, campaign_id)[:3] == ("paused", "paused by the operator", False)
+
+
+def test_unsuppress_never_reaches_an_address_that_unsubscribed_or_complained_since(make_config, smtp_sink):
+    _lying_relay(smtp_sink)
+    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
+    emails = [f"user{i}@example.com" for i in range(40)]
+    campaign_id = make_broadcast(app, emails)
+    drain(app.config)
+    assert _campaign(app, campaign_id)[:2] == ("paused", "bounce_rate")
+    # Two of the wrongly bounced addresses then unsubscribe, a third complains.
+    from senddock.core.suppressions import Suppressions
+
+    app.unsubscribe("user0@example.com")
+    Suppressions(app.db).add("user1@example.com", reason="complained")
+    app.blocklist("user2@example.com")
+    done = app.unsuppress_campaign(campaign_id, since_pause=True)
+    smtp_sink.handler.rules = []
+    app.resume_campaign(campaign_id)
+    drain(app.config)
+    delivered = _delivered(smtp_sink)
+    assert not {"user0@example.com", "user1@example.com", "user2@example.com"} & set(delivered)
+    # Their suppressions took the stronger reason, which unsuppress never undoes.
+    left = suppressed(app)
+    assert set(left) == {"user0@example.com", "user1@example.com", "user2@example.com"}
+    assert (left["user0@example.com"], left["user1@example.com"]) == ("unsubscribed", "complained")
+    assert left["user2@example.com"] != "bounced"
+    assert done.requeued >= 3  # the others that bounced in the window are back in line
+    app.close()

@@ -168,3 +168,24 @@ def test_an_explicit_name_is_kept_as_given(make_config, database_dsn, smtp_sink,
     assert result.exit_code == 0, result.stderr
     with psycopg.connect(database_dsn) as conn:
         assert conn.execute("SELECT name FROM nodes").fetchall() == [("north",)]
+
+
+def test_a_dead_hosts_lingering_session_does_not_keep_its_name(make_config, database_dsn, smtp_sink):
+    """A host that died without closing its connections leaves its lifeline's session on the server
+    until TCP keepalive notices (hours). Once its heartbeat is older than the lease, a restart under
+    the same name ends that session and takes the name."""
+    app = Senddock(make_config(fast_settings(smtp_sink.port, recovery={"heartbeat": "200ms", "lease": "1s"})))
+    with psycopg.connect(database_dsn, autocommit=True, application_name="senddock-lifeline ghost") as zombie:
+        node_id = uuid.uuid4()
+        zombie.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) "
+                       "VALUES (%s, 'ghost', 'gone', 7, now() - interval '1 minute')", (node_id,))
+        lock_id = zombie.execute("SELECT lock_id FROM nodes WHERE id = %s", (node_id,)).fetchone()[0]
+        zombie.execute("SELECT pg_advisory_lock(%s, %s), pg_advisory_lock(%s, hashtext('ghost'))",
+                       (LOCK_CLASS, lock_id, NAME_LOCK_CLASS))
+        Runner(app.config, node_name="ghost", exit_when_idle=True).run()
+        with pytest.raises(psycopg.OperationalError):
+            zombie.execute("SELECT 1")  # its session was ended
+    with psycopg.connect(database_dsn) as conn:
+        assert conn.execute("SELECT host FROM nodes WHERE name = 'ghost' ORDER BY started_at").fetchall() == [
+            ("gone",), (socket.gethostname(),)]
+    app.close()

@@ -115,21 +115,24 @@ def test_a_fenced_out_worker_cannot_overwrite_the_reassigned_job(senddock_app, d
     assert log == [("fast", "in_doubt", False), ("slow", "retry", True), ("slow", "sent", True), ("fast", "retry", True)]
 
 
-@pytest.mark.parametrize("wal_lost", [True, False])
-def test_after_the_server_lost_wal_every_job_of_a_dead_node_is_in_doubt(senddock_app, database_dsn, wal_lost):
+@pytest.mark.parametrize(("wal_lost", "result_commit"), [(True, "async"), (False, "async"), (True, "sync")])
+def test_after_the_server_lost_wal_every_job_of_a_dead_node_is_in_doubt(senddock_app, database_dsn, wal_lost,
+                                                                      result_commit):
     """Results committed asynchronously may have been lost in the crash: batch order proves nothing.
-    (tests/integration/test_postgres_crash.py does it with a real crash.)"""
+    Committed synchronously, none can be: batch order holds. (tests/integration/test_postgres_crash.py
+    does it with a real crash.)"""
     make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         gone = register(conn, "gone")
-        Queue(conn, gone).claim(5)
+        Queue(conn, gone, result_commit=result_commit).claim(5)
         if wal_lost:
             conn.execute("DELETE FROM server_epoch")  # what crash recovery or a promotion does to it
         conn.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (gone.id,))
         survivor = register(conn, "survivor")
         recovered = Queue(conn, survivor).recover(lease=30, in_doubt="retry", max_rescues=5)
     # Without a loss of WAL, the batch's order holds: only its first job may have been sending.
-    assert sorted((r.email, r.in_doubt) for r in recovered) == [("a@example.com", True), ("b@example.com", wal_lost)]
+    assert sorted((r.email, r.in_doubt) for r in recovered) == [
+        ("a@example.com", True), ("b@example.com", wal_lost and result_commit == "async")]
 
 
 def test_a_live_nodes_orphaned_jobs_come_back_with_the_batch_rule(senddock_app, database_dsn):

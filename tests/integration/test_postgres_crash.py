@@ -125,3 +125,43 @@ def test_crash_restarts_under_running_nodes_leave_no_silent_duplicate(own_server
     assert twice <= in_doubt, f"duplicates without an in-doubt record: {sorted(twice - in_doubt)[:5]}"
     assert unlogged == 0, "a delivery without an attempt row"
     print(f"delivered twice: {len(twice)}, in doubt: {len(in_doubt)}")
+
+
+def test_results_lost_behind_a_pooler_are_committed_again_when_the_epoch_changes(make_config, smtp_sink):
+    """Behind a pooler in transaction mode a worker's connection survives a Postgres crash, so no
+    error tells it that its asynchronously committed results may be gone. The lifeline (a direct
+    connection) sees the new epoch; the worker then checks its results and commits the lost ones."""
+    import uuid as uuid_module
+
+    from senddock.api import Senddock
+    from senddock.core.runner import Runner
+    from tests_support import wait_for
+
+    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1, claim_batch=5)))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
+    runner = Runner(app.config)
+    import threading
+
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 30, "the five to be sent")
+        wait_for(lambda: len(runner.held_tokens) == 1, 10, "the worker to hold its last batch")
+        [token] = runner.held_tokens
+        # What a crash does to results no synchronous commit flushed: gone, jobs back to 'sending'.
+        with app.db.connection() as conn:
+            conn.execute("DELETE FROM delivery_attempts")
+            conn.execute("UPDATE broadcast_jobs SET status = 'sending', attempts = 0, claim_token = %s, "
+                         "claimed_by = %s", (token, runner.node.id))
+            conn.execute("UPDATE campaigns SET status = 'sending', finished_at = NULL")
+        runner.lifeline.epoch = uuid_module.uuid4()  # the lifeline came back to a new epoch
+        runner.wake_workers()
+        wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 30, "the results committed again")
+    finally:
+        runner.request_stop()
+        thread.join(30)
+    with app.db.connection() as conn:
+        outcomes = conn.execute("SELECT outcome, in_doubt FROM delivery_attempts").fetchall()
+    assert outcomes == [("sent", False)] * 5  # rebuilt exactly, nothing in doubt...
+    assert len(smtp_sink.received) == 5  # ... and nobody got the message twice
+    app.close()

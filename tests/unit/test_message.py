@@ -127,7 +127,8 @@ def test_a_non_ascii_local_part_fails_alone_without_suppression():
     result = send(message, {"host": "127.0.0.1", "port": 9, "timeout": "1s", "helo_name": None}, {})
     assert (result.phase, result.code, result.enhanced_code) == ("rcpt", 553, "5.6.7")
     verdict = classify(result)
-    assert (verdict.outcome.value, verdict.reason) == ("fail", "rejected")
+    # About that address alone: it never counts towards pausing the campaign.
+    assert (verdict.outcome.value, verdict.reason, verdict.about_recipient) == ("fail", "needs_smtputf8", True)
 
 
 @pytest.mark.parametrize(("key", "error"), [

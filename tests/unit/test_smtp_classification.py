@@ -51,8 +51,10 @@ from senddock.outcome import Outcome, SendResult
         # The relay's own trouble at RCPT is never the recipient's: relay trouble.
         ("rcpt", 451, "4.3.0 temporary local problem", Outcome.RETRY, "relay_error", False, "relay"),
         ("rcpt", 452, "4.3.1 insufficient system storage", Outcome.RETRY, "relay_error", False, "relay"),
-        ("rcpt", 554, "5.3.0 other mail system problem", Outcome.RETRY, "relay_error", False, "relay"),
-        ("rcpt", 550, "5.4.4 unable to route", Outcome.RETRY, "relay_error", False, "relay"),
+        # Permanent X.3/X.4: retrying for days helps nobody; not the recipient's fault either.
+        ("rcpt", 554, "5.3.0 other mail system problem", Outcome.FAIL, "relay_error", False, ""),
+        ("rcpt", 550, "5.4.4 unable to route", Outcome.FAIL, "routing_error", False, ""),
+        ("rcpt", 550, "5.4.1 Recipient address rejected: Access denied", Outcome.FAIL, "routing_error", False, ""),
         ("mail", 452, "4.3.1 insufficient system storage", Outcome.RETRY, "relay_error", False, "relay"),
         ("data", 451, "4.3.0 local error", Outcome.RETRY, "relay_error", False, "relay"),
         ("data", 421, "4.4.2 timeout exceeded", Outcome.RETRY, "throttled", False, "throttled"),
@@ -61,8 +63,23 @@ from senddock.outcome import Outcome, SendResult
         ("rcpt", 421, "4.7.0 closing connection", Outcome.RETRY, "throttled", False, "throttled"),
         ("rcpt", 421, "4.7.28 unusual rate of unsolicited mail", Outcome.RETRY, "throttled", False, "throttled"),
         ("rcpt", 451, "4.7.1 greylisted, try again", Outcome.RETRY, "throttled", False, "throttled"),
-        ("data", 451, "4.7.650 temporarily rate limited due to IP reputation", Outcome.RETRY, "throttled", False,
-         "throttled"),
+        # A 4xx policy refusal is no rate limit: counted, and a run of them pauses for a person.
+        ("rcpt", 454, "4.7.1 <x@example.com>: Relay access denied", Outcome.RETRY, "deferred_rcpt", False, ""),
+        ("mail", 450, "4.7.1 Client host rejected: cannot find your hostname", Outcome.RETRY, "deferred_mail",
+         False, ""),
+        # 4xx about the sender or the relay's own DNS, not the recipient.
+        ("rcpt", 450, "4.1.8 <news@example.com>: Sender address rejected: Domain not found", Outcome.RETRY,
+         "deferred_rcpt", False, ""),
+        ("rcpt", 450, "4.1.2 <x@nowhere.example>: Recipient address rejected: Domain not found", Outcome.RETRY,
+         "deferred_rcpt", False, ""),
+        # A dead-mailbox code whose text is about the sender suppresses nobody.
+        ("rcpt", 550, "5.1.1 <news@example.com>: Sender address rejected: User unknown", Outcome.FAIL, "rejected",
+         False, ""),
+        # senddock's own answer for a non-ASCII local part: about that address, not the relay.
+        ("rcpt", 553, "5.6.7 the recipient's non-ASCII local part needs SMTPUTF8", Outcome.FAIL, "needs_smtputf8",
+         True, ""),
+        ("data", 451, "4.7.650 The mail server has been temporarily rate limited due to IP reputation",
+         Outcome.RETRY, "throttled", False, "throttled"),
         ("rcpt", 450, "4.2.1 The user you are trying to contact is receiving mail too quickly", Outcome.RETRY,
          "throttled", False, "throttled"),
         ("rcpt", 451, "rate limit exceeded, slow down", Outcome.RETRY, "throttled", False, "throttled"),

@@ -16,16 +16,19 @@ suppress a whole list: those failures count towards pausing the campaign instead
 |----------------|---------------------------------------------------------|-------------------------------------------|
 | data           | 2xx                                                     | sent                                      |
 | any            | no reply: refused, reset, DNS, timeout, disconnect      | retry, relay trouble (in doubt after ".") |
-| any            | 421; 4xx X.7.x; 450 X.2.1; 4xx naming a rate limit      | retry, throttled                          |
-| any            | 4xx/5xx X.3.x or X.4.x (mail system, network, routing)  | retry, relay trouble                      |
+| any            | 421; 4xx naming a rate limit or greylisting             | retry, throttled                          |
+| any            | 4xx X.3.x or X.4.x (mail system, network, routing)      | retry, relay trouble                      |
 | any            | 5xx X.3.4 message too big for the system                | fail: message_too_big                     |
+| any            | 5xx X.3.x or X.4.x                                      | fail: relay_error / routing_error         |
 | rcpt/data      | X.2.2 mailbox full (452 or 552)                         | retry (about the recipient)               |
 | rcpt           | X.5.3 too many recipients                               | retry, throttled                          |
-| rcpt           | other 4xx X.1.x or X.2.x                                | retry (about the recipient)               |
-| mail/rcpt/data | other 4xx                                               | retry                                     |
-| rcpt/data      | 5xx X.1.1 .3 .6 .10, X.2.1; or a "user unknown" text    | bounce (suppress)                         |
+| rcpt           | other 4xx X.1.x or X.2.x, but X.1.0 .2 .7 .8            | retry (about the recipient)               |
+| mail/rcpt/data | other 4xx (X.7.x policy included)                       | retry                                     |
+| rcpt/data      | 5xx X.1.1 .3 .6 .10, X.2.1; or a "user unknown" text,   | bounce (suppress)                         |
+|                | unless the text is about the sender                     |                                           |
 | rcpt/data      | 5xx X.1.2 (the relay's own DNS, for a submission relay) | fail: bad_domain                          |
 | rcpt           | 5xx X.1.0 .7 .8 (sender address, Postfix)               | fail: sender_rejected                     |
+| rcpt           | 553 X.6.7 (the address needs SMTPUTF8)                  | fail: needs_smtputf8 (about the recipient)|
 | any            | 5xx X.7.x (policy, spam, reputation, DMARC)             | fail: policy_rejected                     |
 | any            | 5xx X.5.x (protocol)                                    | fail: protocol_error                      |
 | mail           | any other 5xx                                           | fail: rejected_mail                       |
@@ -38,7 +41,11 @@ suppress a whole list: those failures count towards pausing the campaign instead
 
 Every failure that is not about the recipient and not throttling counts towards
 ``transport.max_consecutive_failures``; when only relay trouble filled that run, the pause
-resumes by itself once the relay answers a probe.
+resumes by itself once the relay answers a probe. Permanent X.3/X.4 replies (Exchange Online's
+"550 5.4.1 Recipient address rejected: Access denied" among them) fail the job without blaming
+the recipient: retrying them for days would help no one, and a run of them is for a person to
+judge. 4xx X.7.x is a policy deferral ("454 4.7.1 Relay access denied"), counted like any other
+4xx, unless its text names a rate limit or greylisting.
 """
 
 from __future__ import annotations
@@ -72,8 +79,12 @@ _UNKNOWN_USER = re.compile(
 # Without an enhanced code, a text about the sender is never read as a dead recipient.
 _ABOUT_SENDER = re.compile(r"sender", re.IGNORECASE)
 # 4xx texts of receivers and relays slowing us down (Gmail 450 4.2.1 "receiving mail too quickly",
-# Yahoo "[TSS04] ... deferred due to ... volume", Microsoft "temporarily rate limited").
-_RATE_LIMITED = re.compile(r"rate.?limit|too (many|fast|quickly)|throttl|volume|slow down", re.IGNORECASE)
+# Yahoo "[TSS04] ... deferred due to ... volume", Microsoft "temporarily rate limited") or
+# greylisting (450/451 4.7.1 "Greylisted, try again").
+_RATE_LIMITED = re.compile(r"rate.?limit|too (many|fast|quickly)|throttl|volume|slow down|grey.?list|gray.?list",
+                           re.IGNORECASE)
+# X.6.7: the address needs SMTPUTF8 (RFC 6531), which the relay or this transport lacks.
+NEEDS_SMTPUTF8 = "6.7"
 # RFC 4954: 530 authentication required, 534 mechanism too weak, 535 credentials invalid,
 # 538 encryption required for the mechanism.
 AUTH_REFUSED = {530, 534, 535, 538}
@@ -131,24 +142,27 @@ def classify(result: SendResult) -> Classification:
     if phase in ("connect", "ehlo") and code >= 500:
         return Classification(Outcome.PAUSE, "relay_refused_session")
     transient = 400 <= code < 500
-    if code == 421 or (transient and (subject == "7" or detail == "2.1")):
+    if code == 421:
         return Classification(Outcome.RETRY, "throttled", retry_after=wait, throttled=True)
     if detail == TOO_BIG and code >= 500:
         return Classification(Outcome.FAIL, "message_too_big")
     if subject in ("3", "4"):
-        # The relay's mail system, network or routing: retry without blaming the recipient.
-        return Classification(Outcome.RETRY, "relay_error", retry_after=wait, relay_trouble=True)
+        # The relay's mail system, network or routing, never the recipient.
+        if transient:
+            return Classification(Outcome.RETRY, "relay_error", retry_after=wait, relay_trouble=True)
+        return Classification(Outcome.FAIL, "relay_error" if subject == "3" else "routing_error")
     about_recipient = phase in ("rcpt", "data")
     if detail == MAILBOX_FULL and about_recipient:
         return Classification(Outcome.RETRY, "mailbox_full", retry_after=wait, about_recipient=True)
     if detail == TOO_MANY_RECIPIENTS and phase == "rcpt":
         return Classification(Outcome.RETRY, "too_many_recipients", retry_after=wait, throttled=True)
-    if transient and detail is None and _RATE_LIMITED.search(result.text):
+    if transient and _RATE_LIMITED.search(result.text):
         return Classification(Outcome.RETRY, "throttled", retry_after=wait, throttled=True)
     if transient:
         return Classification(Outcome.RETRY, f"deferred_{phase}", retry_after=wait,
-                              about_recipient=phase == "rcpt" and subject in ("1", "2"))
-    if about_recipient and detail in RECIPIENT_DEAD:
+                              about_recipient=phase == "rcpt" and subject in ("1", "2")
+                              and detail not in SENDER_PROBLEM and detail != BAD_DOMAIN)
+    if about_recipient and detail in RECIPIENT_DEAD and not _ABOUT_SENDER.search(result.text):
         # At DATA too: with one recipient per transaction, a 5.1.x there is about that recipient.
         return Classification(Outcome.BOUNCE, "bounced", about_recipient=True)
     if about_recipient and detail == BAD_DOMAIN:
@@ -156,6 +170,8 @@ def classify(result: SendResult) -> Classification:
     if phase == "rcpt":
         if detail in SENDER_PROBLEM:
             return Classification(Outcome.FAIL, "sender_rejected")
+        if detail == NEEDS_SMTPUTF8:
+            return Classification(Outcome.FAIL, "needs_smtputf8", about_recipient=True)
         if detail is None and _UNKNOWN_USER.search(result.text) and not _ABOUT_SENDER.search(result.text):
             return Classification(Outcome.BOUNCE, "bounced", about_recipient=True)
     if subject == "7":

@@ -186,10 +186,15 @@ GROUP BY 1
 ORDER BY 2 DESC, 1;
 
 -- name: suppression_add
+-- A suppression keeps its strongest reason: a complaint, an unsubscribe or an operator's word
+-- replaces a bounce (which `campaign unsuppress` may undo), never the other way round.
 INSERT INTO suppressions (email, reason, code, diagnostic, source_broadcast_id)
 VALUES (%(email)s, %(reason)s, %(code)s, %(diagnostic)s, %(broadcast_id)s)
-ON CONFLICT ((lower(email))) DO NOTHING
-RETURNING id;
+ON CONFLICT ((lower(email))) DO UPDATE
+   SET reason = EXCLUDED.reason, code = EXCLUDED.code, diagnostic = EXCLUDED.diagnostic,
+       source_broadcast_id = EXCLUDED.source_broadcast_id
+ WHERE suppressions.reason = 'bounced' AND EXCLUDED.reason <> 'bounced'
+RETURNING xmax = 0 AS inserted;
 
 -- ---------------------------------------------------------------------------------------------
 -- The engine: nodes, claims, results, recovery.
@@ -220,8 +225,10 @@ SELECT pg_try_advisory_lock(%(lock_class)s, %(lock_id)s);
 SELECT pg_try_advisory_lock(%(name_class)s, hashtext(%(name)s));
 
 -- name: node_name_holder
--- The live incarnation (not this one) holding a node name: its own lifeline lock is granted.
-SELECT n.host, n.pid, n.started_at
+-- The incarnation (not this one) holding a node name: its own lifeline lock is granted. Its
+-- heartbeat's age tells a live node from a dead host whose session the server keeps (until TCP
+-- keepalive notices, possibly hours).
+SELECT n.host, n.pid, n.started_at, extract(epoch FROM now() - n.heartbeat_at)::float8 AS heartbeat_age
   FROM nodes n
  WHERE n.name = %(name)s AND n.id IS DISTINCT FROM %(node_id)s
    AND EXISTS (SELECT 1 FROM pg_locks l
@@ -230,6 +237,17 @@ SELECT n.host, n.pid, n.started_at
                   AND l.classid = %(lock_class)s::oid AND l.objid = n.lock_id::oid AND l.objsubid = 2)
  ORDER BY n.started_at DESC
  LIMIT 1;
+
+-- name: node_name_end_lingering
+-- Sessions still holding a node name whose incarnation is not alive: a dead host's lifeline, or
+-- this node's own from before a network cut. Only senddock lifelines are ended, never another
+-- application's session (which could hold the same lock key by a hashtext collision).
+SELECT count(pg_terminate_backend(l.pid))
+  FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid = %(name_class)s::oid AND l.objid = hashtext(%(name)s)::oid AND l.objsubid = 2
+   AND a.application_name LIKE 'senddock-lifeline %%';
 
 -- name: node_lock_is_ours
 -- Whether the backend answering this statement holds the node's lock (it does not behind a
@@ -242,11 +260,13 @@ SELECT EXISTS (SELECT 1 FROM pg_locks l
 -- name: node_heartbeat
 -- Also says whether the backend answering still holds the node's lock: a heartbeat from a session
 -- that does not would prove nothing.
-UPDATE nodes SET heartbeat_at = now() WHERE id = %(node_id)s
-RETURNING EXISTS (SELECT 1 FROM pg_locks l
-                   WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
-                     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                     AND l.classid = %(lock_class)s::oid AND l.objid = %(lock_id)s::oid AND l.objsubid = 2);
+UPDATE nodes SET heartbeat_at = now()
+ WHERE id = %(node_id)s
+   AND EXISTS (SELECT 1 FROM pg_locks l
+                WHERE l.locktype = 'advisory' AND l.granted AND l.pid = pg_backend_pid()
+                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                  AND l.classid = %(lock_class)s::oid AND l.objid = %(lock_id)s::oid AND l.objsubid = 2)
+RETURNING true;
 
 -- name: node_stopped
 UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s;
@@ -306,7 +326,9 @@ UPDATE broadcast_jobs j
        claimed_by = CASE WHEN due.suppressed THEN NULL ELSE %(node_id)s::uuid END,
        claimed_at = now(),
        claim_token = CASE WHEN due.suppressed THEN NULL ELSE %(claim_token)s::uuid END,
-       claim_epoch = (SELECT id FROM server_epoch)
+       -- With results committed synchronously a crash loses none: batch order still tells what
+       -- began (NULL). Asynchronously, the epoch; none known yet is treated as already lost.
+       claim_epoch = CASE WHEN %(async_results)s THEN coalesce((SELECT id FROM server_epoch), gen_random_uuid()) END
   FROM due, durable, subscribers s
  WHERE j.id = due.id AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
@@ -356,10 +378,10 @@ SELECT EXISTS (SELECT FROM result), (SELECT status FROM next_job),
 -- After a reconnect: did a result commit go through (its reply was lost, or a Postgres crash may
 -- have lost it since)? Each send's attempt row carries this node and the send's start time, so it
 -- identifies that one commit.
-SELECT EXISTS (
-    SELECT 1 FROM delivery_attempts
-     WHERE job_id = %(job_id)s AND node_id = %(node_id)s AND started_at = %(started_at)s
-);
+-- Returns its claim_lost, or no row when it never went through.
+SELECT claim_lost FROM delivery_attempts
+ WHERE job_id = %(job_id)s AND node_id = %(node_id)s AND started_at = %(started_at)s
+ LIMIT 1;
 
 -- name: job_record_bounce
 -- A bounced job's pending on_bounced hooks, in the same commit as its result. Written even when
@@ -427,7 +449,7 @@ WITH epoch AS MATERIALIZED (
       )
 ), locked AS (
     SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at,
-           j.claim_epoch IS DISTINCT FROM (SELECT id FROM epoch) AS wal_lost
+           j.claim_epoch IS NOT NULL AND j.claim_epoch IS DISTINCT FROM (SELECT id FROM epoch) AS wal_lost
     FROM broadcast_jobs j
     WHERE j.status = 'sending'
       AND (j.claimed_by IN (SELECT id FROM dead)
@@ -482,12 +504,14 @@ FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
 -- Scheduled campaigns can be paused too: resume then sends them at once. With auto_resume (a pause
 -- for relay trouble) the relay is probed from probe_in seconds on, and the campaign resumes by
 -- itself once it answers (campaign_probe_due, campaign_auto_resume).
+-- An operator may also pause a campaign paused for relay trouble: it then waits for them.
 UPDATE campaigns
    SET status = 'paused', paused_reason = %(reason)s, paused_at = now(), updated_at = now(),
        auto_resume = %(auto_resume)s,
        probe_at = CASE WHEN %(auto_resume)s THEN now() + make_interval(secs => %(probe_in)s::float8) END,
        probes = 0, probe_result = NULL
- WHERE id = %(campaign_id)s AND status IN ('sending', 'scheduled')
+ WHERE id = %(campaign_id)s
+   AND (status IN ('sending', 'scheduled') OR (status = 'paused' AND auto_resume AND NOT %(auto_resume)s))
 RETURNING id;
 
 -- name: campaign_probe_due
@@ -496,7 +520,8 @@ RETURNING id;
 -- by one interval at most and two nodes never probe for the same campaign at once.
 UPDATE campaigns c
    SET probes = c.probes + 1,
-       probe_at = now() + make_interval(secs => least(%(interval)s::float8 * power(2, c.probes + 1),
+       -- The exponent is capped: 2^1024 overflows float8, which would fail every later probe.
+       probe_at = now() + make_interval(secs => least(%(interval)s::float8 * power(2, least(c.probes + 1, 30)),
                                                       %(max_interval)s::float8))
   FROM (SELECT id FROM campaigns
          WHERE status = 'paused' AND auto_resume AND probe_at <= now()
@@ -521,19 +546,19 @@ RETURNING broadcast_id;
 -- After a bounce: the bounce-rate breaker. More than `rate` of the broadcast's last `window`
 -- results, or more than `early_bounces` of its first `early_window`, bounced: pause the campaign
 -- (reason bounce_rate) and remember where that window began, so the suppressions it made can be
--- undone (campaign_unsuppress). Results are attempts that reached a verdict (not pauses, not
--- recovery's in-doubt rows). Both walks are short, on (broadcast_id, id). Returns whether the
+-- undone (campaign_unsuppress). Results are final verdicts (sent, bounced, failed: not retries,
+-- which throttling would multiply, not pauses, not recovery's in-doubt rows, not lost claims). Both walks are short, on (broadcast_id, id). Returns whether the
 -- campaign is paused for its bounce rate now: its bounces' hooks wait until a person decides.
 WITH counted AS MATERIALIZED (
     SELECT bounce_count_from FROM campaigns WHERE id = %(campaign_id)s
 ), recent AS (
     SELECT id, outcome FROM delivery_attempts
-     WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'retry', 'fail')
+     WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'fail') AND NOT claim_lost
        AND id >= (SELECT bounce_count_from FROM counted)
      ORDER BY id DESC LIMIT %(window)s
 ), early AS (
     SELECT id, outcome FROM delivery_attempts
-     WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'retry', 'fail')
+     WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'fail') AND NOT claim_lost
        AND id >= (SELECT bounce_count_from FROM counted)
      ORDER BY id LIMIT %(early_window)s
 ), verdict AS (
@@ -562,7 +587,9 @@ SELECT EXISTS (SELECT FROM tripped) AS tripped,
 -- put back in line as due retries (attempts stay counted). A suppression the address already
 -- had from elsewhere (another campaign, an operator, a complaint) is kept, and so is its job.
 WITH c AS (
-    SELECT id, broadcast_id, bounce_window_from FROM campaigns WHERE id = %(campaign_id)s FOR UPDATE
+    SELECT id, broadcast_id, bounce_window_from FROM campaigns
+     WHERE id = %(campaign_id)s AND status IN ('sending', 'paused', 'finished')
+     FOR UPDATE
 ), bounced AS (
     SELECT DISTINCT a.job_id
       FROM delivery_attempts a, c
@@ -570,7 +597,8 @@ WITH c AS (
        AND (NOT %(since_pause)s OR a.id >= c.bounce_window_from)
 ), jobs AS (
     SELECT j.id, j.email
-      FROM broadcast_jobs j JOIN bounced b ON b.job_id = j.id, c
+      FROM broadcast_jobs j JOIN bounced b ON b.job_id = j.id
+      JOIN subscribers s ON s.id = j.subscriber_id AND s.status = 'active', c
      WHERE j.broadcast_id = c.broadcast_id AND j.status = 'failed' AND j.failure_reason = 'bounced'
        AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(j.email)
                         AND (x.reason <> 'bounced' OR x.source_broadcast_id IS DISTINCT FROM c.broadcast_id))
@@ -753,7 +781,9 @@ WITH target AS (
 ), suppressed AS (
     INSERT INTO suppressions (email, reason, diagnostic)
     SELECT email, 'unsubscribed', 'campaign ' || %(campaign_id)s::text FROM target
-    ON CONFLICT ((lower(email))) DO NOTHING
+    ON CONFLICT ((lower(email))) DO UPDATE
+       SET reason = EXCLUDED.reason, diagnostic = EXCLUDED.diagnostic, code = NULL, source_broadcast_id = NULL
+     WHERE suppressions.reason = 'bounced'
     RETURNING id
 )
 SELECT s.email, EXISTS (SELECT FROM target) AS found
@@ -830,7 +860,9 @@ WITH found AS (
 ), suppressed AS (
     INSERT INTO suppressions (email, reason, diagnostic)
     SELECT email, %(reason)s, %(diagnostic)s FROM found
-    ON CONFLICT ((lower(email))) DO NOTHING
+    ON CONFLICT ((lower(email))) DO UPDATE
+       SET reason = EXCLUDED.reason, diagnostic = EXCLUDED.diagnostic, code = NULL, source_broadcast_id = NULL
+     WHERE suppressions.reason = 'bounced'
 )
 SELECT f.id, f.email, coalesce((SELECT %(status)s::text FROM target), f.status) AS status FROM found f;
 
