@@ -165,6 +165,9 @@ RETURNING id, broadcast_id;
 SELECT pg_notify('senddock_jobs', %(broadcast_id)s::text);
 
 -- name: broadcast_counts
+-- One statement, so one short snapshot per refresh of `campaign status --watch` (and the failures
+-- by reason add up to the failed count without a REPEATABLE READ transaction around two queries).
+-- json, not jsonb: it keeps the reasons in this order, most frequent first.
 SELECT b.enqueued AS total,
        b.skipped_suppressed + b.skipped_unsubscribed AS skipped,
        count(j.id) FILTER (WHERE j.status = 'pending') AS pending,
@@ -172,18 +175,16 @@ SELECT b.enqueued AS total,
        count(j.id) FILTER (WHERE j.status = 'retry') AS retry,
        count(j.id) FILTER (WHERE j.status = 'sent') AS sent,
        count(j.id) FILTER (WHERE j.status = 'failed') AS failed,
-       count(j.id) FILTER (WHERE j.status = 'failed' AND j.failure_reason = 'bounced') AS bounced
+       count(j.id) FILTER (WHERE j.status = 'failed' AND j.failure_reason = 'bounced') AS bounced,
+       (SELECT coalesce(json_object_agg(r.reason, r.jobs ORDER BY r.jobs DESC, r.reason), '{}')
+          FROM (SELECT coalesce(x.failure_reason, 'unknown') AS reason, count(*) AS jobs
+                  FROM broadcast_jobs x
+                 WHERE x.broadcast_id = b.id AND x.status = 'failed'
+                 GROUP BY 1) r) AS failed_by_reason
 FROM broadcasts b
 LEFT JOIN broadcast_jobs j ON j.broadcast_id = b.id
 WHERE b.id = %(broadcast_id)s
 GROUP BY b.id;
-
--- name: broadcast_failed_by_reason
-SELECT coalesce(failure_reason, 'unknown') AS reason, count(*) AS jobs
-FROM broadcast_jobs
-WHERE broadcast_id = %(broadcast_id)s AND status = 'failed'
-GROUP BY 1
-ORDER BY 2 DESC, 1;
 
 -- name: suppression_add
 INSERT INTO suppressions (email, reason, code, diagnostic, source_broadcast_id)
