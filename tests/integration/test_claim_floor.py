@@ -60,8 +60,9 @@ def one_poll(runner: Runner) -> None:
 
 
 def floor_at_start(conn: psycopg.Connection) -> None:
-    """The claim as it was before floors: it starts at each broadcast's first entry."""
-    conn.execute("UPDATE broadcasts SET claim_from_at = '-infinity', claim_from_id = 0")
+    """The claim as it was before floors: it starts at each broadcast's first entry (the newest
+    floor row wins)."""
+    conn.execute("INSERT INTO claim_floors (broadcast_id, from_at, from_id) SELECT id, '-infinity', 0 FROM broadcasts")
 
 
 @pytest.mark.parametrize("holder", ["repeatable_read", "campaign_send"])
@@ -118,7 +119,8 @@ def unstrandable(conn: psycopg.Connection) -> None:
 
 
 def floor_id(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT claim_from_id FROM broadcasts").fetchone()[0]
+    """The floor of the test's one broadcast (its put-backs aside)."""
+    return conn.execute("SELECT from_id FROM claim_floors ORDER BY id DESC LIMIT 1").fetchone()[0]
 
 
 def ids(jobs: list[ClaimedJob]) -> list[int]:
@@ -289,8 +291,18 @@ def test_two_nodes_stopped_and_killed_mid_broadcast_still_send_everyone(make_con
     emails = [f"user{i}@example.com" for i in range(2500)]
     campaign_id = make_broadcast(app, emails)
     config_path = write_config(tmp_path, settings)
-    alpha = start_node(config_path, database_dsn, "alpha")
-    beta = start_node(config_path, database_dsn, "beta")
+
+    def started(name: str):
+        """A node once it registered (so it has its signal handlers: SIGTERM earlier kills it)."""
+        with app.db.connection() as conn:
+            before = conn.execute("SELECT count(*) FROM nodes WHERE name = %s", (name,)).fetchone()[0]
+        node = start_node(config_path, database_dsn, name)
+        with app.db.connection() as conn:
+            wait_for(lambda: conn.execute("SELECT count(*) FROM nodes WHERE name = %s",
+                                          (name,)).fetchone()[0] > before, 60, f"{name} to register")
+        return node
+
+    alpha, beta = started("alpha"), started("beta")
     interrupted = 0
     try:
         for round_ in range(3):
@@ -300,11 +312,11 @@ def test_two_nodes_stopped_and_killed_mid_broadcast_still_send_everyone(make_con
             interrupted += app.campaign_status(campaign_id).status == "sending"
             alpha.send_signal(signal.SIGTERM)  # a clean stop: claimed, unstarted jobs go back
             assert alpha.wait(30) == 0
-            alpha = start_node(config_path, database_dsn, "alpha")
+            alpha = started("alpha")
             if round_ < 2:
                 beta.send_signal(signal.SIGKILL)  # recovered at once by beta's next incarnation
                 beta.wait(10)
-                beta = start_node(config_path, database_dsn, "beta")
+                beta = started("beta")
     finally:
         for node in (alpha, beta):
             node.send_signal(signal.SIGTERM)

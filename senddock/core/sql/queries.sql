@@ -706,10 +706,10 @@ RETURNING c.id, c.broadcast_id;
 -- name: claim_floors_lock
 -- The broadcasts whose floor this poll raises: those being sent, and any with put-backs to consume
 -- (a paused, finished or cancelled campaign's: the raise is right for every broadcast, and the
--- put-backs would otherwise stay for good). Raising a floor takes its broadcasts row, so two
--- nodes' polls never raise one floor at once (a raise computed from an older snapshot could
--- otherwise overwrite a newer one and lose the put-backs that one consumed). SKIP LOCKED: a node
--- that finds it taken leaves it to the other. Claims only read the row: they never wait for this.
+-- put-backs would otherwise stay for good). A raise takes its broadcasts row (a lock only: no new
+-- row version), so two nodes' polls never raise one floor at once: a raise computed from an older
+-- snapshot could otherwise replace a newer floor and lose the put-backs that one consumed. SKIP
+-- LOCKED: a node that finds it taken leaves it to the other. Claims never lock it: they never wait.
 SELECT b.id
   FROM broadcasts b JOIN campaigns c ON c.broadcast_id = b.id
  WHERE c.status = 'sending' OR b.id IN (SELECT p.broadcast_id FROM claim_putbacks p)
@@ -724,8 +724,18 @@ SELECT b.id
 -- back strands nothing. The put-backs this snapshot sees are covered by that walk and deleted; a
 -- put-back that commits after this snapshot is not visible to the DELETE either, so it stays and
 -- keeps the start below its job. With no pending job left, the floor is 'infinity' (only
--- put-backs can bring one back, and they are recorded). Written only when it moved.
-WITH start AS (
+-- put-backs can bring one back, and they are recorded). A floor that moved is a new row, the one
+-- it replaces is deleted (see migration 4 for why it is not updated in place).
+WITH current AS (
+    SELECT b.id AS broadcast_id, f.id AS floor_row, f.from_at, f.from_id
+      FROM broadcasts b
+      LEFT JOIN LATERAL (SELECT f.id, f.from_at, f.from_id
+                           FROM claim_floors f
+                          WHERE f.broadcast_id = b.id
+                          ORDER BY f.id DESC
+                          LIMIT 1) f ON true
+     WHERE b.id = ANY(%(broadcast_ids)s)
+), start AS (
     SELECT s.broadcast_id, s.from_at, s.from_id
       FROM broadcast_claim_starts s
      WHERE s.broadcast_id = ANY(%(broadcast_ids)s)
@@ -743,13 +753,16 @@ WITH start AS (
            ORDER BY j.next_attempt_at, j.id
            LIMIT 1
       ) f ON true
+), moved AS (
+    SELECT r.broadcast_id, r.from_at, r.from_id, c.floor_row
+      FROM raised r JOIN current c ON c.broadcast_id = r.broadcast_id
+     WHERE (c.from_at, c.from_id) IS DISTINCT FROM (r.from_at, r.from_id)
+), replaced AS (
+    DELETE FROM claim_floors f USING moved m WHERE f.id = m.floor_row
 )
-UPDATE broadcasts b
-   SET claim_from_at = r.from_at, claim_from_id = r.from_id
-  FROM raised r
- WHERE b.id = r.broadcast_id
-   AND (b.claim_from_at, b.claim_from_id) IS DISTINCT FROM (r.from_at, r.from_id)
-RETURNING b.id;
+INSERT INTO claim_floors (broadcast_id, from_at, from_id)
+SELECT broadcast_id, from_at, from_id FROM moved
+RETURNING broadcast_id;
 
 -- name: broadcasts_finished_mark
 UPDATE broadcasts SET finished_at = now() WHERE id = ANY(%(broadcast_ids)s) AND finished_at IS NULL;

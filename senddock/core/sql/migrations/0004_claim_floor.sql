@@ -14,11 +14,20 @@
 -- claim starts at the lower of the floor and those keys. Put-backs only insert: they never wait
 -- for a lock, and no writer of broadcasts rows waits for them.
 
--- The floor: '-infinity' and 0 until a poll raises it (a broadcast enqueued before this migration
--- starts at the beginning, as before). 'infinity' once no pending job is left.
-ALTER TABLE broadcasts
-    ADD COLUMN claim_from_at timestamptz NOT NULL DEFAULT '-infinity',
-    ADD COLUMN claim_from_id bigint NOT NULL DEFAULT 0;
+-- The floors, one live row per broadcast, the newest: a raise inserts the new floor and deletes the
+-- one it replaces. Not a column of broadcasts: a row every claim reads and every poll updated would
+-- keep every version while the old snapshot is open, and claims would walk them all (one more per
+-- poll). Read newest first, the index walk stops at the first entry, the live one; replaced rows
+-- are never visited. No row yet: the start is the broadcast's first entry ('-infinity', 0), so a
+-- broadcast enqueued before this migration is claimed as before. 'infinity' once no pending job
+-- is left.
+CREATE TABLE claim_floors (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    broadcast_id  bigint NOT NULL,
+    from_at       timestamptz NOT NULL,
+    from_id       bigint NOT NULL
+);
+CREATE INDEX claim_floors_broadcast_idx ON claim_floors (broadcast_id, id);
 
 -- Keys of jobs put back to 'pending' since the last raise, consumed by the next one. Few rows:
 -- put-backs happen at shutdowns, pauses, lost connections and recoveries.
@@ -35,9 +44,16 @@ CREATE INDEX claim_putbacks_idx ON claim_putbacks (broadcast_id, next_attempt_at
 CREATE VIEW broadcast_claim_starts AS
 SELECT b.id AS broadcast_id, s.from_at, s.from_id
   FROM broadcasts b
+  LEFT JOIN LATERAL (
+      SELECT f.from_at, f.from_id
+        FROM claim_floors f
+       WHERE f.broadcast_id = b.id
+       ORDER BY f.id DESC
+       LIMIT 1
+  ) f ON true
  CROSS JOIN LATERAL (
      SELECT k.at AS from_at, k.id AS from_id
-       FROM (SELECT b.claim_from_at AS at, b.claim_from_id AS id
+       FROM (SELECT coalesce(f.from_at, '-infinity') AS at, coalesce(f.from_id, 0) AS id
              UNION ALL
              (SELECT p.next_attempt_at, p.job_id
                 FROM claim_putbacks p
