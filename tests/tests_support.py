@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
@@ -92,3 +93,15 @@ def sent_count(dsn: str) -> int:
 def campaign_status(dsn: str, campaign_id: int) -> str:
     with psycopg.connect(dsn) as conn:
         return conn.execute("SELECT status FROM campaigns WHERE id = %s", (campaign_id,)).fetchone()[0]
+
+
+def register(conn: psycopg.Connection, name: str, *, heartbeat_age: str = "0 seconds"):
+    """A node registered as a lifeline does it: in the server's current epoch."""
+    from senddock.core.epoch import ensure_epoch
+    from senddock.core.nodes import NodeIdentity
+
+    ensure_epoch(conn)
+    node = NodeIdentity(id=uuid.uuid4(), name=name, host="test", pid=1)
+    conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) VALUES (%s, %s, 'test', 1, now() - %s::interval)",
+                 (node.id, name, heartbeat_age))
+    return node

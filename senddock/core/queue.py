@@ -197,6 +197,21 @@ class Queue:
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
             return cur.execute(query("jobs_recover"), params).fetchall()
 
+    def raise_claim_floors(self) -> list[int]:
+        """Move the claim floor of every sending broadcast (and of any with put-backs) that this node
+        can take (another node's poll may hold one) to its lowest pending job; returns the
+        broadcasts whose floor moved.
+
+        Two statements in one READ COMMITTED transaction: the raise must see everything committed
+        before it took the rows, so its snapshot is taken after the lock (see claim_floors_raise).
+        """
+        with self.conn.transaction():
+            self.conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            taken = [row[0] for row in self.conn.execute(query("claim_floors_lock"))]
+            if not taken:
+                return []
+            return [row[0] for row in self.conn.execute(query("claim_floors_raise"), {"broadcast_ids": taken})]
+
     def pause_campaign(self, campaign_id: int, reason: str, *, auto_resume: bool = False, probe_in: float = 0.0) -> bool:
         params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": auto_resume, "probe_in": probe_in}
         return self.conn.execute(query("campaign_pause"), params).fetchone() is not None

@@ -2,8 +2,9 @@
 
 Start: register the node and take its lock, recover at once what earlier incarnations of this
 node's name left behind, start the workers. Every poll interval: recover the jobs of nodes whose
-lease ran out, start scheduled campaigns whose time has come, fail what cancelled campaigns left
-behind, re-run bounce hooks that did not complete, finish campaigns with nothing left.
+lease ran out, raise the claim floors of sending broadcasts, start scheduled campaigns whose time
+has come, fail what cancelled campaigns left behind, re-run bounce hooks that did not complete,
+finish campaigns with nothing left.
 Stop (SIGTERM, Ctrl-C, or idle with --exit-when-idle): stop claiming, let in-flight sends finish
 within the shutdown timeout, put claimed-but-unstarted jobs back, mark the node stopped.
 """
@@ -217,6 +218,9 @@ class Runner:
                     log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
                                 in_doubt=job.in_doubt, failure_reason=job.failure_reason, dead_node=job.dead_node)
                 self.stats.count("recovered", len(recovered))
+                # Claims start at each broadcast's floor: raised once a poll, so a claim never walks
+                # more than one poll's worth of drained jobs, whatever snapshot is open.
+                queue.raise_claim_floors()
                 started = queue.start_scheduled()
                 for campaign_id, broadcast_id in started:
                     log.info("campaign_started", campaign_id=campaign_id, broadcast_id=broadcast_id, scheduled=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -13,21 +12,10 @@ import psycopg
 import pytest
 
 from senddock.api import Senddock
-from senddock.core.epoch import ensure_epoch
-from senddock.core.nodes import NodeIdentity
 from senddock.core.queue import JobResult, Queue
 from senddock.core.runner import Runner
 from senddock.testing import fast_settings
-from tests_support import jobs_by_email, make_broadcast, sent_count, start_node, wait_for, write_config
-
-
-def register(conn: psycopg.Connection, name: str, *, heartbeat_age: str = "0 seconds") -> NodeIdentity:
-    """A node registered as a lifeline does it: in the server's current epoch."""
-    ensure_epoch(conn)
-    node = NodeIdentity(id=uuid.uuid4(), name=name, host="test", pid=1)
-    conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) VALUES (%s, %s, 'test', 1, now() - %s::interval)",
-                 (node.id, name, heartbeat_age))
-    return node
+from tests_support import jobs_by_email, make_broadcast, register, sent_count, start_node, wait_for, write_config
 
 
 def test_two_nodes_drain_one_broadcast_without_duplicates(make_config, database_dsn, smtp_sink, tmp_path: Path):

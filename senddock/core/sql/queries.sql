@@ -165,6 +165,9 @@ RETURNING id, broadcast_id;
 SELECT pg_notify('senddock_jobs', %(broadcast_id)s::text);
 
 -- name: broadcast_counts
+-- One statement, so one short snapshot per refresh of `campaign status --watch` (and the failures
+-- by reason add up to the failed count without a REPEATABLE READ transaction around two queries).
+-- json, not jsonb: it keeps the reasons in this order, most frequent first.
 SELECT b.enqueued AS total,
        b.skipped_suppressed + b.skipped_unsubscribed AS skipped,
        count(j.id) FILTER (WHERE j.status = 'pending') AS pending,
@@ -172,18 +175,16 @@ SELECT b.enqueued AS total,
        count(j.id) FILTER (WHERE j.status = 'retry') AS retry,
        count(j.id) FILTER (WHERE j.status = 'sent') AS sent,
        count(j.id) FILTER (WHERE j.status = 'failed') AS failed,
-       count(j.id) FILTER (WHERE j.status = 'failed' AND j.failure_reason = 'bounced') AS bounced
+       count(j.id) FILTER (WHERE j.status = 'failed' AND j.failure_reason = 'bounced') AS bounced,
+       (SELECT coalesce(json_object_agg(r.reason, r.jobs ORDER BY r.jobs DESC, r.reason), '{}')
+          FROM (SELECT coalesce(x.failure_reason, 'unknown') AS reason, count(*) AS jobs
+                  FROM broadcast_jobs x
+                 WHERE x.broadcast_id = b.id AND x.status = 'failed'
+                 GROUP BY 1) r) AS failed_by_reason
 FROM broadcasts b
 LEFT JOIN broadcast_jobs j ON j.broadcast_id = b.id
 WHERE b.id = %(broadcast_id)s
 GROUP BY b.id;
-
--- name: broadcast_failed_by_reason
-SELECT coalesce(failure_reason, 'unknown') AS reason, count(*) AS jobs
-FROM broadcast_jobs
-WHERE broadcast_id = %(broadcast_id)s AND status = 'failed'
-GROUP BY 1
-ORDER BY 2 DESC, 1;
 
 -- name: suppression_add
 -- A suppression keeps its strongest reason: a complaint, an unsubscribe or an operator's word
@@ -279,10 +280,13 @@ UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s
 -- nothing, and the outer LIMITs stop after n rows in all: no more than n rows are ever locked.
 -- A job whose address was suppressed since the enqueue is failed here instead of being sent.
 -- The batch shares one claim token, made by the worker (see broadcast_jobs: the batch's order
--- says what started).
+-- says what started). Pending jobs are walked from the broadcast's claim start (migration 4): no
+-- pending job is below it, and the index entries of jobs drained before it are never visited,
+-- however old the oldest open snapshot is. The start is read, never locked: claims never wait.
 WITH running AS MATERIALIZED (
-    SELECT c.id AS campaign_id, c.broadcast_id
+    SELECT c.id AS campaign_id, c.broadcast_id, s.from_at, s.from_id
     FROM campaigns c
+    JOIN broadcast_claim_starts s ON s.broadcast_id = c.broadcast_id
     WHERE c.status = 'sending' AND c.broadcast_id IS NOT NULL
     ORDER BY c.broadcast_id
 ), retries AS MATERIALIZED (
@@ -304,6 +308,9 @@ WITH running AS MATERIALIZED (
         SELECT j.id, j.email
         FROM broadcast_jobs j
         WHERE j.broadcast_id = r.broadcast_id AND j.status = 'pending'
+          -- A row comparison on the index's own columns: the scan starts there, not at the
+          -- broadcast's first entry.
+          AND (j.next_attempt_at, j.id) >= (r.from_at, r.from_id)
         -- Not "ORDER BY id": the primary key has that order too, and the planner may walk it
         -- through every job of every other broadcast. Only the partial index has this order.
         ORDER BY j.next_attempt_at, j.id
@@ -339,7 +346,9 @@ RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.nam
 -- One statement, one round trip, one commit: the job's outcome (fenced by its claim token) and its
 -- delivery_attempts row. Committing it makes the batch's next job the one that may be sending;
 -- the statement also tells whether that job is still ours and its campaign still sending. A
--- worker that lost its claim changes nothing here; see job_record_late_success.
+-- worker that lost its claim changes nothing here; see job_record_late_success. A pause outcome
+-- puts the job back to 'pending' as it was: its key goes to claim_putbacks in this same commit, so
+-- no claim starts above it (migration 4).
 WITH result AS (
     UPDATE broadcast_jobs
        SET status = %(status)s,
@@ -354,7 +363,10 @@ WITH result AS (
            first_attempt_at = coalesce(first_attempt_at, claimed_at),
            claimed_by = NULL, claim_token = NULL
      WHERE id = %(job_id)s AND claim_token = %(claim_token)s AND status = 'sending'
-    RETURNING id
+    RETURNING id, broadcast_id, next_attempt_at, status
+), put_back AS (
+    INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
+    SELECT broadcast_id, next_attempt_at, id FROM result WHERE status = 'pending'
 ), attempt AS (
     INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at, outcome,
                                    in_doubt, phase, smtp_code, enhanced_code, message,
@@ -403,12 +415,22 @@ RETURNING id;
 
 -- name: jobs_release
 -- Claimed jobs that were never started go back as they were (a shutdown, a pause, a lost claim).
-UPDATE broadcast_jobs j
-   SET status = CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END,
-       claimed_by = NULL, claim_token = NULL, claimed_at = NULL
-  FROM unnest(%(job_ids)s::bigint[], %(claim_tokens)s::uuid[]) AS r(id, token)
- WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'sending'
-RETURNING j.id;
+-- The lowest key going back to 'pending' in each broadcast is recorded in the same statement, so
+-- no claim starts above it (migration 4).
+WITH released AS (
+    UPDATE broadcast_jobs j
+       SET status = CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END,
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+      FROM unnest(%(job_ids)s::bigint[], %(claim_tokens)s::uuid[]) AS r(id, token)
+     WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'sending'
+    RETURNING j.id, j.broadcast_id, j.next_attempt_at, j.status
+), put_back AS (
+    INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
+    SELECT DISTINCT ON (broadcast_id) broadcast_id, next_attempt_at, id
+      FROM released WHERE status = 'pending'
+     ORDER BY broadcast_id, next_attempt_at, id
+)
+SELECT id FROM released;
 
 -- name: jobs_recover
 -- Jobs left 'sending' that nobody will finish, returned to the queue. Two sources:
@@ -486,7 +508,13 @@ WITH epoch AS MATERIALIZED (
      WHERE j.id = v.id AND j.status = 'sending' AND j.claim_token = v.claim_token
        AND (j.claimed_by IN (SELECT id FROM dead) OR j.claimed_by = %(node_id)s)
     RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts, j.last_result,
-              v.started, v.claimed_at, v.claimed_by
+              j.next_attempt_at, v.started, v.claimed_at, v.claimed_by
+), put_back AS (
+    -- Unstarted jobs going back to 'pending': recorded in this same statement (migration 4).
+    INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
+    SELECT DISTINCT ON (broadcast_id) broadcast_id, next_attempt_at, id
+      FROM recovered WHERE status = 'pending'
+     ORDER BY broadcast_id, next_attempt_at, id
 ), logged AS (
     INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at,
                                    outcome, in_doubt, message)
@@ -690,20 +718,94 @@ UPDATE campaigns c
  WHERE c.status = 'sending'
    AND c.broadcast_id IS NOT NULL
    AND (%(broadcast_id)s::bigint IS NULL OR c.broadcast_id = %(broadcast_id)s)
-   -- One probe per unfinished state, each answered by its own small partial index.
-   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'pending')
+   -- One probe per unfinished state, each answered by its own small partial index. Pending jobs
+   -- are looked for from the claim start (none is below it) in index order, as a claim would: not
+   -- over the leftover entries of every job drained while a snapshot is open.
+   AND NOT EXISTS (SELECT 1 FROM broadcast_claim_starts s
+                    CROSS JOIN LATERAL (SELECT 1 FROM broadcast_jobs j
+                                         WHERE j.broadcast_id = s.broadcast_id AND j.status = 'pending'
+                                           AND (j.next_attempt_at, j.id) >= (s.from_at, s.from_id)
+                                         ORDER BY j.next_attempt_at, j.id LIMIT 1) j
+                    WHERE s.broadcast_id = c.broadcast_id)
    AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'retry')
    AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'sending')
 RETURNING c.id, c.broadcast_id;
+
+-- name: claim_floors_lock
+-- The broadcasts whose floor this poll raises: those being sent, and any with put-backs to consume
+-- (a paused, finished or cancelled campaign's: the raise is right for every broadcast, and the
+-- put-backs would otherwise stay for good). A raise takes its broadcasts row (a lock only: no new
+-- row version), so two nodes' polls never raise one floor at once: a raise computed from an older
+-- snapshot could otherwise replace a newer floor and lose the put-backs that one consumed. SKIP
+-- LOCKED: a node that finds it taken leaves it to the other. Claims never lock it: they never wait.
+SELECT b.id
+  FROM broadcasts b JOIN campaigns c ON c.broadcast_id = b.id
+ WHERE c.status = 'sending' OR b.id IN (SELECT p.broadcast_id FROM claim_putbacks p)
+ ORDER BY b.id
+   FOR NO KEY UPDATE OF b SKIP LOCKED;
+
+-- name: claim_floors_raise
+-- From every node's poll, after claim_floors_lock in the same READ COMMITTED transaction (so this
+-- snapshot is newer than any earlier raise): each floor moves to the lowest pending key this
+-- snapshot sees, walking from the old start (floor or put-back), i.e. over what was drained since
+-- the last poll. Jobs a claim in flight has locked are still 'pending' here, so a claim that rolls
+-- back strands nothing. The put-backs this snapshot sees are covered by that walk and deleted; a
+-- put-back that commits after this snapshot is not visible to the DELETE either, so it stays and
+-- keeps the start below its job. With no pending job left, the floor is 'infinity' (only
+-- put-backs can bring one back, and they are recorded). A floor that moved is a new row, the one
+-- it replaces is deleted (see migration 4 for why it is not updated in place).
+WITH current AS (
+    SELECT b.id AS broadcast_id, f.id AS floor_row, f.from_at, f.from_id
+      FROM broadcasts b
+      LEFT JOIN LATERAL (SELECT f.id, f.from_at, f.from_id
+                           FROM claim_floors f
+                          WHERE f.broadcast_id = b.id
+                          ORDER BY f.id DESC
+                          LIMIT 1) f ON true
+     WHERE b.id = ANY(%(broadcast_ids)s)
+), start AS (
+    SELECT s.broadcast_id, s.from_at, s.from_id
+      FROM broadcast_claim_starts s
+     WHERE s.broadcast_id = ANY(%(broadcast_ids)s)
+), consumed AS (
+    DELETE FROM claim_putbacks p WHERE p.broadcast_id = ANY(%(broadcast_ids)s)
+), raised AS (
+    SELECT st.broadcast_id,
+           coalesce(f.next_attempt_at, 'infinity') AS from_at, coalesce(f.id, 0) AS from_id
+      FROM start st
+      LEFT JOIN LATERAL (
+          SELECT j.next_attempt_at, j.id
+            FROM broadcast_jobs j
+           WHERE j.broadcast_id = st.broadcast_id AND j.status = 'pending'
+             AND (j.next_attempt_at, j.id) >= (st.from_at, st.from_id)
+           ORDER BY j.next_attempt_at, j.id
+           LIMIT 1
+      ) f ON true
+), moved AS (
+    SELECT r.broadcast_id, r.from_at, r.from_id, c.floor_row
+      FROM raised r JOIN current c ON c.broadcast_id = r.broadcast_id
+     WHERE (c.from_at, c.from_id) IS DISTINCT FROM (r.from_at, r.from_id)
+), replaced AS (
+    DELETE FROM claim_floors f USING moved m WHERE f.id = m.floor_row
+)
+INSERT INTO claim_floors (broadcast_id, from_at, from_id)
+SELECT broadcast_id, from_at, from_id FROM moved
+RETURNING broadcast_id;
 
 -- name: broadcasts_finished_mark
 UPDATE broadcasts SET finished_at = now() WHERE id = ANY(%(broadcast_ids)s) AND finished_at IS NULL;
 
 -- name: due_work_exists
+-- Pending jobs from the claim start, in index order, as the claim looks for them.
 SELECT EXISTS (
     SELECT 1 FROM campaigns c
     WHERE c.status = 'sending'
-      AND (EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'pending')
+      AND (EXISTS (SELECT 1 FROM broadcast_claim_starts s
+                    CROSS JOIN LATERAL (SELECT 1 FROM broadcast_jobs j
+                                         WHERE j.broadcast_id = s.broadcast_id AND j.status = 'pending'
+                                           AND (j.next_attempt_at, j.id) >= (s.from_at, s.from_id)
+                                         ORDER BY j.next_attempt_at, j.id LIMIT 1) j
+                    WHERE s.broadcast_id = c.broadcast_id)
            OR EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id
                       AND j.status = 'retry' AND j.next_attempt_at <= now()))
 );
@@ -792,11 +894,20 @@ SELECT s.email, EXISTS (SELECT FROM target) AS found
 -- name: jobs_release_claim
 -- A batch whose claim (or whose connection) was lost before any of its sends began: whatever of
 -- it is still this node's goes back as it was, not in doubt. Walks the small 'sending' index.
-UPDATE broadcast_jobs
-   SET status = CASE WHEN attempts = 0 THEN 'pending' ELSE 'retry' END,
-       claimed_by = NULL, claim_token = NULL, claimed_at = NULL
- WHERE claimed_by = %(node_id)s AND status = 'sending' AND claim_token = %(claim_token)s
-RETURNING id;
+-- Put-backs to 'pending' are recorded as in jobs_release.
+WITH released AS (
+    UPDATE broadcast_jobs
+       SET status = CASE WHEN attempts = 0 THEN 'pending' ELSE 'retry' END,
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+     WHERE claimed_by = %(node_id)s AND status = 'sending' AND claim_token = %(claim_token)s
+    RETURNING id, broadcast_id, next_attempt_at, status
+), put_back AS (
+    INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
+    SELECT DISTINCT ON (broadcast_id) broadcast_id, next_attempt_at, id
+      FROM released WHERE status = 'pending'
+     ORDER BY broadcast_id, next_attempt_at, id
+)
+SELECT id FROM released;
 
 -- ---------------------------------------------------------------------------------------------
 -- Provider notifications: bounces, complaints, deliveries learnt after the send.
