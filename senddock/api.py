@@ -36,6 +36,7 @@ from senddock.errors import DatabaseError, InvalidInput, NotFound
 from senddock.outcome import (
     CampaignContent,
     Classification,
+    EventError,
     Message,
     Recipient,
     SendResult,

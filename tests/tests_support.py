@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from contextlib import contextmanager
 import os
 import subprocess
 import sys
@@ -105,3 +106,20 @@ def register(conn: psycopg.Connection, name: str, *, heartbeat_age: str = "0 sec
     conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) VALUES (%s, %s, 'test', 1, now() - %s::interval)",
                  (node.id, name, heartbeat_age))
     return node
+
+
+@contextmanager
+def running_node(config, **options):
+    """A Runner in a thread of this test process for the ``with`` block, stopped at its end."""
+    import threading
+
+    from senddock.core.runner import Runner
+
+    runner = Runner(config, **options)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        yield runner
+    finally:
+        runner.request_stop()
+        thread.join(30)

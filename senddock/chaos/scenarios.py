@@ -76,30 +76,29 @@ def _resume_after(stage: Stage, row: Row, fault_end: float, what: str) -> None:
     row.details["resume_definition"] = f"from {what} to the relay's next message"
 
 
-def pg_crash(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> None:
-    """SIGKILL of one Postgres backend: the postmaster resets every process and replays its WAL."""
+def _postgres_fault(stage: Stage, row: Row, say: Say, fault: Callable[[], None], what: str, back: str) -> None:
+    """At 40% of the broadcast, break Postgres with ``fault`` and watch the nodes get going again."""
     if not _mid_broadcast(stage, row, 0.4):
         return
     at = stage.sent()
-    crash_postgres(stage.dsn)
+    fault()
     fault_end = time.monotonic()
     row.faults = 1
-    say(f"  Postgres crash-restart at {at} sent; it accepts connections again")
+    say(f"  {what} at {at} sent; {back}")
     row.details["end"] = stage.await_end()
-    _resume_after(stage, row, fault_end, "Postgres accepting connections again")
+    _resume_after(stage, row, fault_end, back)
+
+
+def pg_crash(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> None:
+    """SIGKILL of one Postgres backend: the postmaster resets every process and replays its WAL."""
+    _postgres_fault(stage, row, say, lambda: crash_postgres(stage.dsn), "Postgres crash-restart",
+                    "Postgres accepting connections again")
 
 
 def pg_restart(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> None:
     """``pg_ctl restart -m fast``: a clean shutdown (every connection closed) and a start."""
-    if not _mid_broadcast(stage, row, 0.4):
-        return
-    at = stage.sent()
-    restart_postgres(server, mode="fast")
-    fault_end = time.monotonic()
-    row.faults = 1
-    say(f"  Postgres fast shutdown + restart at {at} sent; it is up again")
-    row.details["end"] = stage.await_end()
-    _resume_after(stage, row, fault_end, "Postgres up again")
+    _postgres_fault(stage, row, say, lambda: restart_postgres(server, mode="fast"), "Postgres fast shutdown + restart",
+                    "Postgres up again")
 
 
 def smtp_outage(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from senddock.cli.commands import open_senddock
-from senddock.cli.output import Output, table
+from senddock.cli.output import Output
 from senddock.errors import EXIT_OK
 
 

@@ -12,10 +12,9 @@ from senddock.api import Senddock
 from senddock.core.epoch import ensure_epoch
 from senddock.core.nodes import NodeIdentity
 from senddock.core.queue import JobResult, Queue
-from senddock.core.runner import Runner
 from senddock.sink import FailRule, Sink
 from senddock.testing import drain, fast_settings
-from tests_support import jobs_by_email, make_broadcast, suppressed, wait_for
+from tests_support import jobs_by_email, make_broadcast, running_node, suppressed, wait_for
 
 
 def _campaign(app, campaign_id: int) -> tuple:
@@ -172,11 +171,8 @@ def test_a_relay_outage_pauses_the_campaign_and_it_resumes_by_itself(make_config
     app = Senddock(make_config(settings))
     emails = [f"user{i}@example.com" for i in range(300)]
     campaign_id = make_broadcast(app, emails)
-    runner = Runner(app.config)
-    thread = threading.Thread(target=runner.run)
-    thread.start()
     relay = smtp_sink
-    try:
+    with running_node(app.config):
         wait_for(lambda: len(relay.received) > 30, 60, "sending to start")
         relay.stop()  # the relay goes away: connections are refused
         wait_for(lambda: _campaign(app, campaign_id)[0] == "paused", 60, "the pause for relay trouble")
@@ -187,10 +183,7 @@ def test_a_relay_outage_pauses_the_campaign_and_it_resumes_by_itself(make_config
         assert status.auto_resume and status.next_probe_at is not None and "Connection refused" in status.last_probe
         relay = Sink("127.0.0.1", port).start()  # back on the same port
         wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 90, "the campaign to resume and finish")
-    finally:
-        runner.request_stop()
-        thread.join(30)
-        relay.stop()
+    relay.stop()
     delivered = _delivered(smtp_sink)
     for email, n in _delivered(relay).items():
         delivered[email] = delivered.get(email, 0) + n
@@ -281,14 +274,8 @@ def test_an_empty_claim_finishes_the_campaign_at_once(make_config, smtp_sink):
     # A long poll interval: only the worker's own finish after its empty claim can finish it soon.
     app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1, claim_batch=5, poll_interval="60s")))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
-    runner = Runner(app.config)
-    thread = threading.Thread(target=runner.run)
-    thread.start()
-    try:
+    with running_node(app.config):
         wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 15, "the campaign to finish")
-    finally:
-        runner.request_stop()
-        thread.join(30)
     app.close()
 
 

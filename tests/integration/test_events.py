@@ -131,6 +131,17 @@ def test_a_notification_about_another_address_than_the_jobs_is_refused(cli, sent
     assert suppressed(app) == {}
 
 
+def test_an_ses_notification_that_cannot_be_read_is_a_line_not_a_traceback(cli, sent, tmp_path):
+    app, config, _ = sent
+    path = tmp_path / "broken.jsonl"
+    envelope = {"Type": "Notification", "TopicArn": "arn:aws:sns:us-east-1:1:ses", "Message": "{not json"}
+    path.write_text(json.dumps(envelope) + "\n", encoding="utf-8")
+    result = cli("events", "ingest", path, "-c", config)
+    assert result.exit_code == 1
+    assert f"{path}:1: SNS notification whose Message is not a JSON document" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # -- the SNS webhook of `senddock serve` ---------------------------------------------------------
 
 CERT_URL = "https://sns.us-east-1.amazonaws.com/SimpleNotificationService-test.pem"

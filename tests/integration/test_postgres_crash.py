@@ -134,17 +134,11 @@ def test_results_lost_behind_a_pooler_are_committed_again_when_the_epoch_changes
     import uuid as uuid_module
 
     from senddock.api import Senddock
-    from senddock.core.runner import Runner
-    from tests_support import wait_for
+    from tests_support import running_node, wait_for
 
     app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1, claim_batch=5)))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
-    runner = Runner(app.config)
-    import threading
-
-    thread = threading.Thread(target=runner.run)
-    thread.start()
-    try:
+    with running_node(app.config) as runner:
         wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 30, "the five to be sent")
         wait_for(lambda: len(runner.held_tokens) == 1, 10, "the worker to hold its last batch")
         [token] = runner.held_tokens
@@ -157,9 +151,6 @@ def test_results_lost_behind_a_pooler_are_committed_again_when_the_epoch_changes
         runner.lifeline.epoch = uuid_module.uuid4()  # the lifeline came back to a new epoch
         runner.wake_workers()
         wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 30, "the results committed again")
-    finally:
-        runner.request_stop()
-        thread.join(30)
     with app.db.connection() as conn:
         outcomes = conn.execute("SELECT outcome, in_doubt FROM delivery_attempts").fetchall()
     assert outcomes == [("sent", False)] * 5  # rebuilt exactly, nothing in doubt...

@@ -816,17 +816,20 @@ SELECT EXISTS (
 -- held while their campaign was paused for its bounce rate (no node), and any (this node's own
 -- too) whose hooks failed and that waited ten minutes. Bounces of a campaign paused for its
 -- bounce rate wait: a person decides whether they were real (resume) or not (unsuppress).
+-- The conditions are correlated subqueries, not joins: when another node takes a row first, the
+-- row lock's recheck re-reads the row and re-runs them with its new owner (a joined nodes row
+-- would be rechecked as it was, and both nodes would take the bounce).
 UPDATE pending_bounces b
    SET node_id = %(node_id)s, created_at = now()
   FROM (SELECT b.job_id
           FROM pending_bounces b
-          LEFT JOIN nodes n ON n.id = b.node_id
-          LEFT JOIN campaigns c ON c.id = b.campaign_id
          WHERE ((b.node_id IS DISTINCT FROM %(node_id)s
-                 AND (n.id IS NULL OR n.stopped_at IS NOT NULL
-                      OR n.heartbeat_at < now() - make_interval(secs => %(lease)s::float8)))
+                 AND NOT EXISTS (SELECT 1 FROM nodes n
+                                  WHERE n.id = b.node_id AND n.stopped_at IS NULL
+                                    AND n.heartbeat_at >= now() - make_interval(secs => %(lease)s::float8)))
                 OR b.created_at < now() - interval '10 minutes')
-           AND NOT coalesce(c.status = 'paused' AND c.paused_reason = 'bounce_rate', false)
+           AND NOT EXISTS (SELECT 1 FROM campaigns c
+                            WHERE c.id = b.campaign_id AND c.status = 'paused' AND c.paused_reason = 'bounce_rate')
          ORDER BY b.job_id
          LIMIT 100
          FOR UPDATE OF b SKIP LOCKED) due
