@@ -51,8 +51,8 @@ from senddock.outcome import Outcome, SendResult
         # The relay's own trouble at RCPT is never the recipient's: relay trouble.
         ("rcpt", 451, "4.3.0 temporary local problem", Outcome.RETRY, "relay_error", False, "relay"),
         ("rcpt", 452, "4.3.1 insufficient system storage", Outcome.RETRY, "relay_error", False, "relay"),
-        # Permanent X.3/X.4: retrying for days helps nobody; not the recipient's fault either.
-        ("rcpt", 554, "5.3.0 other mail system problem", Outcome.FAIL, "relay_error", False, ""),
+        ("rcpt", 554, "5.3.0 other mail system problem", Outcome.RETRY, "relay_error", False, "relay"),
+        # Permanent routing (5xx X.4.x): retrying for days helps nobody; not the recipient's fault either.
         ("rcpt", 550, "5.4.4 unable to route", Outcome.FAIL, "routing_error", False, ""),
         ("rcpt", 550, "5.4.1 Recipient address rejected: Access denied", Outcome.FAIL, "routing_error", False, ""),
         ("mail", 452, "4.3.1 insufficient system storage", Outcome.RETRY, "relay_error", False, "relay"),

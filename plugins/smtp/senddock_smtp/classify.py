@@ -17,9 +17,9 @@ suppress a whole list: those failures count towards pausing the campaign instead
 | data           | 2xx                                                     | sent                                      |
 | any            | no reply: refused, reset, DNS, timeout, disconnect      | retry, relay trouble (in doubt after ".") |
 | any            | 421; 4xx naming a rate limit or greylisting             | retry, throttled                          |
-| any            | 4xx X.3.x or X.4.x (mail system, network, routing)      | retry, relay trouble                      |
+| any            | X.3.x (the relay's mail system), 4xx X.4.x (network)    | retry, relay trouble                      |
 | any            | 5xx X.3.4 message too big for the system                | fail: message_too_big                     |
-| any            | 5xx X.3.x or X.4.x                                      | fail: relay_error / routing_error         |
+| any            | 5xx X.4.x (routing)                                     | fail: routing_error                       |
 | rcpt/data      | X.2.2 mailbox full (452 or 552)                         | retry (about the recipient)               |
 | rcpt           | X.5.3 too many recipients                               | retry, throttled                          |
 | rcpt           | other 4xx X.1.x or X.2.x, but X.1.0 .2 .7 .8            | retry (about the recipient)               |
@@ -41,10 +41,11 @@ suppress a whole list: those failures count towards pausing the campaign instead
 
 Every failure that is not about the recipient and not throttling counts towards
 ``transport.max_consecutive_failures``; when only relay trouble filled that run, the pause
-resumes by itself once the relay answers a probe. Permanent X.3/X.4 replies (Exchange Online's
-"550 5.4.1 Recipient address rejected: Access denied" among them) fail the job without blaming
-the recipient: retrying them for days would help no one, and a run of them is for a person to
-judge. 4xx X.7.x is a policy deferral ("454 4.7.1 Relay access denied"), counted like any other
+resumes by itself once the relay answers a probe. The relay's own mail-system trouble (X.3.x,
+"554 5.3.0" included) is retried whatever its class, without using up the recipient's retries.
+Permanent routing replies (5xx X.4.x; Exchange Online's "550 5.4.1 Recipient address rejected:
+Access denied" among them) fail the job without blaming the recipient: retrying them for days
+would help no one, and a run of them is for a person to judge. 4xx X.7.x is a policy deferral ("454 4.7.1 Relay access denied"), counted like any other
 4xx, unless its text names a rate limit or greylisting.
 """
 
@@ -148,9 +149,9 @@ def classify(result: SendResult) -> Classification:
         return Classification(Outcome.FAIL, "message_too_big")
     if subject in ("3", "4"):
         # The relay's mail system, network or routing, never the recipient.
-        if transient:
+        if transient or subject == "3":
             return Classification(Outcome.RETRY, "relay_error", retry_after=wait, relay_trouble=True)
-        return Classification(Outcome.FAIL, "relay_error" if subject == "3" else "routing_error")
+        return Classification(Outcome.FAIL, "routing_error")
     about_recipient = phase in ("rcpt", "data")
     if detail == MAILBOX_FULL and about_recipient:
         return Classification(Outcome.RETRY, "mailbox_full", retry_after=wait, about_recipient=True)
