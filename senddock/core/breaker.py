@@ -23,6 +23,7 @@ import structlog
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.queue import Queue
+from senddock.core.results import describe
 from senddock.errors import error_line
 from senddock.outcome import Classification, Outcome, SendResult
 
@@ -87,11 +88,6 @@ def probe(config: Config) -> SendResult | None:
         return SendResult.from_exception(config.transport, exc, phase="probe")
 
 
-def describe(result: SendResult) -> str:
-    parts = [str(p) for p in (result.code, result.enhanced_code) if p]
-    return " ".join([*parts, result.text.strip()]).strip() or ("answered" if result.ok else "no answer")
-
-
 class Prober(threading.Thread):
     """Probes the relay of campaigns paused for relay trouble, each when its probe is due, and
     resumes those whose relay answers. Every node runs one; a due probe is taken by one node."""
@@ -134,6 +130,7 @@ class Prober(threading.Thread):
                                     probe=answer, paused_reason=reason)
                         self._wake()
                 else:
-                    queue.probe_failed(campaign_id, describe(result))
-                    log.info("relay_probe_failed", campaign_id=campaign_id, probes=probes, probe=describe(result))
+                    answer = describe(result)
+                    queue.probe_failed(campaign_id, answer)
+                    log.info("relay_probe_failed", campaign_id=campaign_id, probes=probes, probe=answer)
         return resumed

@@ -54,7 +54,6 @@ class Lifeline(threading.Thread):
         self._config = config
         self._db = db
         self.node = node  # its name is chosen (or checked) when the lifeline first connects
-        self._requested_name = node.name or None
         self._wake = wake
         self._heartbeat = config.recovery.heartbeat
         self._lease = config.recovery.lease
@@ -126,7 +125,7 @@ class Lifeline(threading.Thread):
         # Workers compare it with theirs: a change means results may be lost even where their own
         # connections never broke (behind a pooler).
         self.epoch = ensure_epoch(conn).id
-        name = claim_name(conn, self.node.name or self._requested_name, node_id=self.node.id, lock_class=LOCK_CLASS,
+        name = claim_name(conn, self.node.name or None, node_id=self.node.id, lock_class=LOCK_CLASS,
                           lease=self._lease, stopping=self._stop_event, reconnecting=self.lock_id is not None)
         if self.lock_id is None:
             self.node = replace(self.node, name=name)
@@ -169,7 +168,7 @@ class Lifeline(threading.Thread):
         sent = time.monotonic()
         row = conn.execute(query("node_heartbeat"),
                            {"node_id": self.node.id, "lock_class": LOCK_CLASS, "lock_id": self.lock_id}).fetchone()
-        if row is None or not row[0]:
+        if row is None:
             # Not the session that holds our lock (a pooler moved us, or the lock is gone).
             self._lock_held = False
             raise psycopg.OperationalError("the lifeline's session no longer holds the node's lock")

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -31,7 +30,6 @@ class ClaimedJob:
     claim_token: uuid.UUID | None
     age: float  # seconds since its first attempt, on the database's clock (0 before any)
     suppressed: bool
-    claimed_monotonic: float = 0.0  # this node's monotonic clock when the claim's reply arrived
 
 
 @dataclass(frozen=True)
@@ -87,8 +85,7 @@ class Queue:
                   "async_results": self._synchronous_commit == "off"}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
             jobs = cur.execute(query("jobs_claim"), params).fetchall()
-        now = time.monotonic()
-        return sorted((replace(j, claimed_monotonic=now) for j in jobs), key=lambda j: j.id)
+        return sorted(jobs, key=lambda j: j.id)
 
     def record(
         self,

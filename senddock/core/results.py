@@ -89,7 +89,7 @@ def job_result(
 ) -> JobResult:
     """The job's next state for this classification."""
     common: dict[str, Any] = {
-        "last_result": _describe(result),
+        "last_result": describe(result),
         "in_doubt": verdict.in_doubt or result.may_have_sent,
         "phase": result.phase,
         "code": result.code,
@@ -107,20 +107,18 @@ def job_result(
     if outcome is Outcome.PAUSE:
         # Not the recipient's fault: the attempt does not count, the job goes back as it was.
         return JobResult(status="pending" if attempts_before == 0 else "retry", outcome="pause", counts=False, **common)
-    if verdict.deferral:
-        # Throttling or relay trouble: not the recipient's attempt. It does not use up their
-        # retries; the deferrals in a row make its backoff grow (bounded by retry.max_age).
-        decision = backoff(pm, config, attempts_before + 1, verdict, age, deferrals_before + 1)
-        if decision.stop:
-            return JobResult(status="failed", outcome="retry", counts=True, failure_reason=decision.reason, **common)
-        return JobResult(status="retry", outcome="retry", counts=False, delay=decision.delay, deferred=True, **common)
-    decision = backoff(pm, config, attempt, verdict, age, deferrals_before)
+    # Throttling or relay trouble is not the recipient's attempt: it does not use up their retries,
+    # and the deferrals make its backoff grow instead (bounded by retry.max_age).
+    deferral = verdict.deferral
+    decision = backoff(pm, config, attempt, verdict, age, deferrals_before + deferral)
     if decision.stop:
         return JobResult(status="failed", outcome="retry", counts=True, failure_reason=decision.reason, **common)
-    return JobResult(status="retry", outcome="retry", counts=True, delay=decision.delay, **common)
+    return JobResult(status="retry", outcome="retry", counts=not deferral, delay=decision.delay, deferred=deferral,
+                     **common)
 
 
-def _describe(result: SendResult) -> str:
+def describe(result: SendResult) -> str:
+    """A result in one line: its codes and text (what last_result and probe answers show)."""
     parts = [str(p) for p in (result.code, result.enhanced_code) if p]
     text = result.text.strip()
     return " ".join(parts + ([text] if text else [])) or ("accepted" if result.ok else "failed")

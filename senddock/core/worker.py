@@ -57,6 +57,7 @@ class _Batch:
 
     token: uuid.UUID
     jobs: list[ClaimedJob] | None = None  # None until the claim's reply arrives
+    claimed_monotonic: float = 0.0  # this node's monotonic clock when the claim's reply arrived
     begun: set[int] = field(default_factory=set)
     # Results committed asynchronously that no synchronous commit has covered yet, and a result
     # whose commit failed: a Postgres crash may have lost them.
@@ -208,6 +209,7 @@ class Worker(threading.Thread):
             self._hold(batch)
             try:
                 batch.jobs = queue.claim(runner.config.claim_batch, batch.token)
+                batch.claimed_monotonic = time.monotonic()
                 if batch.jobs:
                     self._durable_up_to_now(batch)
                 for job in batch.jobs:
@@ -269,7 +271,7 @@ class Worker(threading.Thread):
             verdict = results.classify(runner.pm, runner.config, result, message)
         # The job's age on the database's clock (read at the claim) plus this node's monotonic time
         # since: retry.max_age never mixes two clocks.
-        age = job.age + (time.monotonic() - job.claimed_monotonic)
+        age = job.age + (time.monotonic() - batch.claimed_monotonic)
         outcome = results.job_result(
             runner.pm, runner.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts,
             deferrals_before=job.deferrals,

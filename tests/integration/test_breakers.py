@@ -53,17 +53,18 @@ def test_a_relay_refusing_everyone_with_the_generic_550_suppresses_nobody(make_c
     app.close()
 
 
-def _lying_relay(sink) -> None:
-    """A misconfigured relay that says "user unknown" for every recipient."""
+def _through_a_lying_relay(make_config, sink, recipients: int, workers: int) -> tuple[Senddock, int, list[str]]:
+    """A broadcast drained through a misconfigured relay that says "user unknown" for everyone."""
     sink.handler.rules = [FailRule.parse("*=550 5.1.1 <x>: Recipient address rejected: User unknown")]
+    app = Senddock(make_config(fast_settings(sink.port, workers=workers)))
+    emails = [f"user{i}@example.com" for i in range(recipients)]
+    campaign_id = make_broadcast(app, emails)
+    drain(app.config)
+    return app, campaign_id, emails
 
 
 def test_the_bounce_rate_breaker_pauses_and_unsuppress_undoes_its_window(make_config, smtp_sink):
-    _lying_relay(smtp_sink)
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=2)))
-    emails = [f"user{i}@example.com" for i in range(200)]
-    campaign_id = make_broadcast(app, emails)
-    drain(app.config)
+    app, campaign_id, emails = _through_a_lying_relay(make_config, smtp_sink, 200, workers=2)
     # More than 5 of the first 10 results bounced: paused before the list was damaged.
     assert _campaign(app, campaign_id)[:2] == ("paused", "bounce_rate")
     bounced = {e for e, (status, reason, _) in jobs_by_email(app, campaign_id).items() if reason == "bounced"}
@@ -301,11 +302,7 @@ def test_an_operator_can_take_over_a_pause_that_would_resume_by_itself(senddock_
 
 
 def test_unsuppress_never_reaches_an_address_that_unsubscribed_or_complained_since(make_config, smtp_sink):
-    _lying_relay(smtp_sink)
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
-    emails = [f"user{i}@example.com" for i in range(40)]
-    campaign_id = make_broadcast(app, emails)
-    drain(app.config)
+    app, campaign_id, _ = _through_a_lying_relay(make_config, smtp_sink, 40, workers=1)
     assert _campaign(app, campaign_id)[:2] == ("paused", "bounce_rate")
     # Two of the wrongly bounced addresses then unsubscribe, a third complains.
     from senddock.core.suppressions import Suppressions
