@@ -77,8 +77,9 @@ def enqueue(app: Senddock, list_name: str = "bench", *, html: str | None = None,
 
 def reset_jobs(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # The claim floors too: broadcast ids start again at 1, and an old floor would hide new jobs.
         conn.execute("TRUNCATE broadcast_jobs, delivery_attempts, broadcasts, campaign_lists, campaigns, pending_bounces, "
-                     "nodes RESTART IDENTITY CASCADE")
+                     "nodes, claim_floors, claim_putbacks RESTART IDENTITY CASCADE")
         conn.execute("VACUUM ANALYZE")
 
 
