@@ -276,6 +276,11 @@ class Senddock:
         with self._conn() as conn:
             return campaigns.campaign_status(conn, campaign_id)
 
+    def campaign_history(self, campaign_id: int, limit: int = 20) -> list[campaigns.CampaignEvent]:
+        """Its latest status changes, newest first: who paused it, when, why; when it resumed, finished."""
+        with self._conn() as conn:
+            return campaigns.campaign_events(conn, campaign_id, limit)
+
     # -- provider notifications ------------------------------------------------------------------
 
     def ingest_event(self, document: Mapping[str, Any]) -> events.Applied:

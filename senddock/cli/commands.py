@@ -212,6 +212,16 @@ def probe_line(status) -> str:
     return line
 
 
+def warning_line(status) -> str:
+    """A pause senddock made itself, said loudly: when, why and what to do."""
+    since = ""
+    if status.paused_at is not None:
+        ago = (datetime.now(timezone.utc) - status.paused_at).total_seconds()
+        since = f" (since {status.paused_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, " \
+                f"{format_duration(max(0.0, ago))} ago)"
+    return f"warning{since}: {status.warning}"
+
+
 def campaign_status(args: argparse.Namespace, out: Output) -> int:
     if args.watch:
         from senddock.cli.watch import watch
@@ -224,6 +234,8 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
     def human() -> str:
         lines = [f"campaign {status.campaign_id}: {status.status}"
                  + (f" ({status.paused_reason})" if status.paused_reason else "")]
+        if status.warning:
+            lines.append(warning_line(status))
         if status.auto_resume:
             lines.append(probe_line(status))
         if status.broadcast_id is None:

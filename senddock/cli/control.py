@@ -1,11 +1,11 @@
-"""Controlling a campaign in flight: pause, resume, requeue, cancel; its delivery log."""
+"""Controlling a campaign in flight: pause, resume, requeue, cancel, unsuppress; its history."""
 
 from __future__ import annotations
 
 import argparse
 
 from senddock.cli.commands import open_senddock
-from senddock.cli.output import Output
+from senddock.cli.output import Output, table
 from senddock.errors import EXIT_OK
 
 
@@ -28,6 +28,10 @@ def add_commands(camp, command, positive_int) -> None:
     which.add_argument("--since-pause", action="store_true",
                        help="those of the results that tripped its bounce-rate breaker, and after")
     which.add_argument("--all", action="store_true", help="every suppression its bounces made")
+    p = command(camp, "history", campaign_history,
+                "a campaign's status changes, newest first: every pause with its reason, resume, finish")
+    p.add_argument("id", type=positive_int, metavar="ID")
+    p.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most N changes (default 20)")
 
 
 def _status_line(sd, campaign_id: int, what: str, out: Output) -> int:
@@ -67,3 +71,24 @@ def campaign_unsuppress(args: argparse.Namespace, out: Output) -> int:
         paused = sd.campaign_status(args.id).status == "paused"
         return _status_line(sd, args.id, f"{done.unsuppressed} addresses unsuppressed, {done.requeued} jobs back in "
                                          f"line" + ("; `campaign resume` sends them" if paused else ""), out)
+
+
+def campaign_history(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        changes = sd.campaign_history(args.id, args.limit)
+
+    def human() -> str:
+        if not changes:
+            return f"campaign {args.id}: still a draft, no status change yet"
+        return table(["at", "from", "to", "reason", "by"],
+                     [[f"{c.at:%Y-%m-%d %H:%M:%S%z}", c.from_status or "-", c.to_status,
+                       (c.reason or "") + (" (resumes by itself)" if c.auto_resume else ""), _actor(c.actor)]
+                      for c in changes])
+
+    out.result({"campaign_id": args.id, "changes": [c.as_dict() for c in changes]}, human)
+    return EXIT_OK
+
+
+def _actor(application_name: str | None) -> str:
+    # Nodes connect as senddock-run, the CLI and the API as senddock: who decided, a node or a person.
+    return {"senddock-run": "a node", "senddock": "CLI or API", "senddock-serve": "serve"}.get(application_name or "", application_name or "-")

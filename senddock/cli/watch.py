@@ -16,8 +16,9 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
-from senddock.cli.commands import probe_line
+from senddock.cli.commands import probe_line, warning_line
 from senddock.cli.output import Output
 from senddock.core.campaigns import CampaignStatus
 from senddock.errors import EXIT_OK
@@ -86,7 +87,9 @@ def _view(status: CampaignStatus, rate: Rate, bar: Progress, task) -> Group:
         for reason, count in sorted(status.failed_by_reason.items(), key=lambda kv: -kv[1]):
             failures.add_row(reason, str(count))
         parts.append(failures)
-    if status.paused_reason:
+    if status.warning:
+        parts.append(Text(warning_line(status), style="bold red"))
+    elif status.paused_reason:
         parts.append(f"paused: {status.paused_reason}")
     if status.auto_resume:
         parts.append(probe_line(status))
@@ -116,6 +119,8 @@ def watch(sd, campaign_id: int, out: Output, interval: float = 1.0) -> int:
             break
         time.sleep(interval)
         status = sd.campaign_status(campaign_id)
+    if status.warning and not out.json_mode:
+        print(warning_line(status), flush=True)
     if out.json_mode:
         out.result(status.as_dict())
     return EXIT_OK

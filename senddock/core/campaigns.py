@@ -91,6 +91,25 @@ class CampaignStatus:
     bounced: int = 0
     skipped: int = 0
     failed_by_reason: dict[str, int] = field(default_factory=dict)
+    # A pause senddock made itself (not `campaign pause`): when, and what the operator should know.
+    paused_at: datetime | None = None
+    warning: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CampaignEvent:
+    """One change of a campaign's status, recorded by the database in the transaction that made it."""
+
+    id: int
+    at: datetime
+    from_status: str | None
+    to_status: str
+    reason: str | None
+    auto_resume: bool
+    actor: str | None  # application_name: senddock-run (a node), senddock (the CLI)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -225,6 +244,8 @@ def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatu
         "paused_reason": campaign.paused_reason,
         "broadcast_id": campaign.broadcast_id,
     }
+    if campaign.status == "paused":
+        base.update(paused_at=campaign.paused_at, warning=pause_warning(campaign))
     if campaign.status == "paused" and campaign.auto_resume:
         base.update(auto_resume=True, next_probe_at=campaign.probe_at, probes_failed=campaign.probes,
                     last_probe=campaign.probe_result)
@@ -240,7 +261,35 @@ def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatu
 NEVER_REQUEUED = ("bounced", "complained", "unsubscribed", "suppressed")
 
 
-def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = "paused by the operator") -> None:
+OPERATOR_PAUSE = "paused by the operator"
+
+
+def pause_warning(campaign: Campaign) -> str | None:
+    """What an operator must know about a pause senddock made itself; None for their own pause."""
+    reason = campaign.paused_reason
+    if reason is None or reason == OPERATOR_PAUSE:
+        return None
+    cid = campaign.id
+    if campaign.auto_resume:
+        todo = "it resumes by itself once the relay answers a probe"
+    elif reason == "bounce_rate":
+        todo = (f"too many recipients bounced: read `senddock campaign log {cid} --outcome bounce`; if the "
+                f"bounces are real, `senddock campaign resume {cid}`; if the relay lied, `senddock campaign "
+                f"unsuppress {cid} --since-pause` first")
+    else:
+        todo = (f"fix the cause, put back what failed for it with `senddock campaign requeue {cid} --reason "
+                f"REASON`, then `senddock campaign resume {cid}`")
+    return f"senddock paused this campaign: {reason}; {todo}"
+
+
+def campaign_events(conn: psycopg.Connection, campaign_id: int, limit: int = 20) -> list[CampaignEvent]:
+    """Its latest status changes, newest first."""
+    get_campaign(conn, campaign_id)  # NotFound for an unknown id
+    with conn.cursor(row_factory=class_row(CampaignEvent)) as cur:
+        return cur.execute(query("campaign_events"), {"campaign_id": campaign_id, "limit": limit}).fetchall()
+
+
+def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = OPERATOR_PAUSE) -> None:
     """No more of its jobs are claimed (every node checks before each send); in-flight sends finish."""
     params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": False, "probe_in": 0}
     if conn.execute(query("campaign_pause"), params).fetchone() is None:

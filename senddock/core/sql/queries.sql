@@ -92,6 +92,14 @@ LEFT JOIN lists l ON l.id = cl.list_id
 WHERE c.id = %(campaign_id)s
 GROUP BY c.id;
 
+-- name: campaign_events
+-- Its latest status changes, newest first (a pause: when, why and from which kind of session).
+SELECT id, at, from_status, to_status, reason, auto_resume, actor
+FROM campaign_events
+WHERE campaign_id = %(campaign_id)s
+ORDER BY id DESC
+LIMIT %(limit)s;
+
 -- name: campaign_all
 SELECT c.id, c.name, c.subject, c.status, c.broadcast_id, c.send_at, c.created_at, c.started_at,
        c.finished_at, b.enqueued,
