@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import urllib.request
 from html import escape
-from pathlib import Path
 
 import structlog
 from starlette.applications import Starlette
@@ -101,8 +100,7 @@ def create_app(config: Config, db: Database) -> Starlette:
         log.info("unsubscribed", subscriber_id=token.subscriber_id, campaign_id=token.campaign_id)
         return _page("Unsubscribed", f"<p>{escape(email)} will receive no more of these emails.</p>")
 
-    base = config.path.parent if config.path else Path.cwd()
-    verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()},
+    verifier = Verifier({url: config.folder / path for url, path in config.section("serve").get("sns_certificates", {}).items()},
                         timeout=parse_duration(config.section("serve")["sns_certificate_timeout"]))
     suppressions = Suppressions(db)
     pm = config.plugin_manager

@@ -119,11 +119,10 @@ def serve(args: argparse.Namespace, out: Output) -> int:
     db = Database(config.database, application_name="senddock-serve")
     app = create_app(config, db)
     host, port = args.host or settings["host"], args.port or settings["port"]
-    base = config.path.parent if config.path else None
     tls = {}
     if settings.get("tls_cert_file"):
-        tls = {"ssl_certfile": str(base / settings["tls_cert_file"]) if base else settings["tls_cert_file"],
-               "ssl_keyfile": str(base / settings["tls_key_file"]) if base else settings["tls_key_file"]}
+        tls = {"ssl_certfile": str(config.folder / settings["tls_cert_file"]),
+               "ssl_keyfile": str(config.folder / settings["tls_key_file"])}
     log.info("serve_started", host=host, port=port, tls=bool(tls))
     limits = HttpLimits.from_settings(settings)
     # access_log off: request paths carry unsubscribe tokens.
