@@ -101,4 +101,4 @@ def test_preview_of_a_bad_subscriber_is_one_clear_line(cli, make_config, tmp_pat
     assert cli("campaign", "preview", campaign_id, "--email", "ada@example.com", "-c", config).exit_code == 0
     test = cli("send-test", "--campaign", campaign_id, "--to", "x@example.com\r\nBcc: victim@example.com",
                "--email", "ada@example.com", "-c", config)
-    assert test.exit_code == 1 and test.stderr.startswith("senddock: error: --to: invalid address")
+    assert test.exit_code == 2 and test.stderr.startswith("senddock: error: --to: invalid address")
