@@ -114,11 +114,13 @@ def subscribers_import(args: argparse.Namespace, out: Output) -> int:
     path = Path(args.file)
     with open_senddock(args) as sd, _progress(out, f"importing {path.name}") as on_progress:
         summary = sd.import_subscribers(path, args.list, on_reject=lambda r: out.problem(str(r)),
-                                        on_normalise=lambda n: out.problem(str(n)), on_progress=on_progress)
+                                        on_normalise=lambda n: out.problem(str(n)), on_progress=on_progress,
+                                        encoding=args.encoding)
     normalised = f", normalised {summary.normalised}" if summary.normalised else ""
     out.result(
         summary,
-        f"imported {summary.imported}, updated {summary.updated}, rejected {summary.rejected}{normalised}",
+        f"imported {summary.imported}, updated {summary.updated}, unchanged {summary.unchanged}, "
+        f"rejected {summary.rejected}{normalised}",
     )
     # A name made one line is a problem found in the input, like a rejected row: the file needs
     # fixing at its source, even though every such row was imported.
