@@ -134,10 +134,11 @@ class Senddock:
         on_reject: Callable[[Rejection], None] = lambda r: None,
         on_progress: Callable[[int, int], None] = lambda done, total: None,
         on_normalise: Callable[[Normalised], None] = lambda n: None,
+        encoding: str = "utf-8",
     ) -> ImportSummary:
         with self._conn() as conn:
             return subscribers.import_csv(conn, path, list_name, on_reject=on_reject, on_progress=on_progress,
-                                          on_normalise=on_normalise)
+                                          on_normalise=on_normalise, encoding=encoding)
 
     # -- campaigns -------------------------------------------------------------------------------
 

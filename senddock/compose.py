@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -65,8 +64,7 @@ class PreparedCampaign:
 class Composer:
     def __init__(self, config: Config, *, signer: MessageSigner | None = None) -> None:
         self.unsubscribe = UnsubscribeSettings.from_config(config)
-        base = config.path.parent if config.path else Path.cwd()
-        self.signer = signer or signer_from_config(config.section("dkim") or None, base)
+        self.signer = signer or signer_from_config(config.section("dkim") or None, config.folder)
         self._prepared: dict[int, PreparedCampaign] = {}
         self._lock = threading.Lock()
 

@@ -21,6 +21,7 @@ import jsonschema
 import pluggy
 import yaml
 
+from senddock.config_file import config_folder, read_config
 from senddock.durations import is_duration, parse_duration
 from senddock.errors import ConfigError
 from senddock.redact import is_secret_key, redact
@@ -106,6 +107,8 @@ class Config:
     plugin_manager: pluggy.PluginManager = field(repr=False)
     plugin_origins: Mapping[str, str] = field(repr=False)
     transport_providers: Mapping[str, str] = field(repr=False)
+    #: The absolute folder that relative paths in the config resolve against (see config_file.config_folder).
+    folder: Path = field(default_factory=Path.cwd)
 
     @property
     def transport(self) -> str:
@@ -140,11 +143,10 @@ class Config:
     @property
     def database(self) -> DatabaseSettings:
         db = self.data["database"]
-        base = self.path.parent if self.path else Path.cwd()
         return DatabaseSettings(
             dsn=db["dsn"],
             direct_dsn=db["direct_dsn"],
-            embedded_path=(base / db["embedded"]["path"]).resolve(),
+            embedded_path=(self.folder / db["embedded"]["path"]).resolve(),
             pool_size=db["pool_size"],
             connect_timeout=parse_duration(db["connect_timeout"]),
             auto_migrate=db["auto_migrate"],
@@ -219,7 +221,7 @@ def load_config(
     environ = os.environ if environ is None else environ
     config_path = Path(path) if path is not None else None
     label = str(config_path) if config_path else "<defaults>"
-    raw = _read_yaml(config_path) if config_path else {}
+    raw = read_config(config_path) if config_path else {}
 
     errors: list[str] = []
     if not isinstance(raw, dict):
@@ -266,21 +268,8 @@ def load_config(
         plugin_manager=pm_build.pm,
         plugin_origins=pm_build.origins,
         transport_providers=pm_build.transports,
+        folder=config_folder(config_path),
     )
-
-
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read the config file: {exc.strerror or exc}"]) from None
-    try:
-        return yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"{path}{where}: not valid YAML: {problem}"]) from None
 
 
 def _str_list(value: Any) -> list[str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import urllib.request
 from html import escape
-from pathlib import Path
 
 import structlog
 from starlette.applications import Starlette
@@ -66,10 +65,20 @@ def _page(title: str, body: str, status: int = 200) -> HTMLResponse:
                         headers={"Cache-Control": "no-store"})
 
 
+# One status for every link that cannot be read, so the warning logged when unsubscribe is off
+# says what is really answered.
+INVALID_LINK_STATUS = 400
+
+
+def _invalid_link() -> HTMLResponse:
+    return _page("Invalid link", "<p>This unsubscribe link is not valid. Nothing was changed.</p>", INVALID_LINK_STATUS)
+
+
 def create_app(config: Config, db: Database) -> Starlette:
     secret = config.section("unsubscribe").get("secret")
     if not secret:
-        log.warning("unsubscribe_off", reason="unsubscribe.secret is not set: /unsubscribe answers 404")
+        log.warning("unsubscribe_off", reason=f"unsubscribe.secret is not set: /unsubscribe answers "
+                                              f"{INVALID_LINK_STATUS} (invalid link) to every link")
 
     def token_of(request: Request) -> UnsubscribeToken | None:
         if not secret:
@@ -81,7 +90,7 @@ def create_app(config: Config, db: Database) -> Starlette:
 
     def confirm(request: Request) -> HTMLResponse:
         if token_of(request) is None:
-            return _page("Invalid link", "<p>This unsubscribe link is not valid. Nothing was changed.</p>", 400)
+            return _invalid_link()
         form = (f'<form method="post"><input type="hidden" name="{ONE_CLICK_FIELD}" value="{ONE_CLICK_VALUE}">'
                 '<button type="submit">Unsubscribe</button></form>')
         return _page("Unsubscribe", "<p>Stop receiving these emails?</p>" + form)
@@ -89,7 +98,7 @@ def create_app(config: Config, db: Database) -> Starlette:
     async def one_click(request: Request) -> HTMLResponse:
         token = token_of(request)
         if token is None:
-            return _page("Invalid link", "<p>This unsubscribe link is not valid. Nothing was changed.</p>", 400)
+            return _invalid_link()
         # RFC 8058 posts one short field: room for a few more, none long, no files (the body as a
         # whole is capped by BodyLimit before this reads it).
         form = await request.form(max_files=0, max_fields=10, max_part_size=1024)
@@ -101,8 +110,7 @@ def create_app(config: Config, db: Database) -> Starlette:
         log.info("unsubscribed", subscriber_id=token.subscriber_id, campaign_id=token.campaign_id)
         return _page("Unsubscribed", f"<p>{escape(email)} will receive no more of these emails.</p>")
 
-    base = config.path.parent if config.path else Path.cwd()
-    verifier = Verifier({url: base / path for url, path in config.section("serve").get("sns_certificates", {}).items()},
+    verifier = Verifier({url: config.folder / path for url, path in config.section("serve").get("sns_certificates", {}).items()},
                         timeout=parse_duration(config.section("serve")["sns_certificate_timeout"]))
     suppressions = Suppressions(db)
     pm = config.plugin_manager

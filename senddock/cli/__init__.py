@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "import a CSV file (header row: email, optional name, other columns become attributes)")
     p.add_argument("file", metavar="FILE.csv")
     p.add_argument("--list", required=True, metavar="NAME", help="list to add the subscribers to")
+    addresses.add_encoding_option(p)
 
     camp = sub.add_parser("campaign", help="campaigns").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from pathlib import Path
 
 from senddock.addresses import check_address
 from senddock.cli.commands import open_senddock
 from senddock.cli.output import Output, table
 from senddock.core.suppressions import REASONS
+from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
 
 EXPORT_COLUMNS = ("email", "reason", "code", "diagnostic", "source_broadcast_id", "created_at")
@@ -27,8 +27,10 @@ def add_commands(supp, subs, camp, sub, command, positive_int) -> None:
     command(supp, "remove", suppressions_remove,
             "unsuppress addresses (future campaigns only: nothing already failed is resent)").add_argument(
         "emails", nargs="+", metavar="ADDR")
-    command(supp, "import", suppressions_import,
-            "suppress the addresses of a CSV file (header: email, optional reason)").add_argument("file", metavar="FILE.csv")
+    p = command(supp, "import", suppressions_import,
+                "suppress the addresses of a CSV file (header: email, optional reason)")
+    p.add_argument("file", metavar="FILE.csv")
+    add_encoding_option(p)
     command(supp, "export", suppressions_export, "write the suppression list as CSV ('-' for stdout)").add_argument(
         "file", metavar="FILE.csv")
 
@@ -47,6 +49,20 @@ def add_commands(supp, subs, camp, sub, command, positive_int) -> None:
     p.add_argument("--in-doubt", action="store_true",
                    help="only recipients who may have received two copies (a send interrupted by a crash, then sent)")
     command(sub, "nodes", nodes, "live and recently dead nodes, heartbeat age, jobs in flight")
+
+
+def add_encoding_option(parser: argparse.ArgumentParser) -> None:
+    """``--encoding NAME`` of a CSV file, checked as the command line is parsed (unknown: exit 2)."""
+
+    def encoding(text: str) -> str:
+        try:
+            return check_encoding(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parser.add_argument("--encoding", type=encoding, default=DEFAULT_ENCODING, metavar="NAME",
+                        help="the file's character set, e.g. cp1252 or latin-1 (default: utf-8; a byte order "
+                             "mark at the start is skipped)")
 
 
 # -- suppressions ----------------------------------------------------------------------------------
@@ -93,25 +109,29 @@ def suppressions_remove(args: argparse.Namespace, out: Output) -> int:
 
 def suppressions_import(args: argparse.Namespace, out: Output) -> int:
     try:
-        text = Path(args.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{args.file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-    reader = csv.DictReader(text.splitlines())
-    if not reader.fieldnames or "email" not in reader.fieldnames:
-        raise InvalidInput(f"{args.file}:1: the header needs an 'email' column")
+        raw = open(args.file, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InvalidInput(f"{args.file}: cannot read: {exc.strerror or exc}") from None
     rows, problems = [], []
-    for row in reader:
-        line = reader.line_num
-        reason = (row.get("reason") or "manual").strip()
+    with raw:
+        reader = csv.DictReader(decoded_lines(raw, args.encoding, args.file))
         try:
-            email = check_address(row.get("email") or "")
-        except ValueError as exc:
-            problems.append(f"{args.file}:{line}: {exc}")
-            continue
-        if reason not in REASONS:
-            problems.append(f"{args.file}:{line}: reason {reason!r} is not one of {', '.join(REASONS)}")
-            continue
-        rows.append((email, reason))
+            if not reader.fieldnames or "email" not in reader.fieldnames:
+                raise InvalidInput(f"{args.file}:1: the header needs an 'email' column")
+            for row in reader:
+                line = reader.line_num
+                reason = (row.get("reason") or "manual").strip()
+                try:
+                    email = check_address(row.get("email") or "")
+                except ValueError as exc:
+                    problems.append(f"{args.file}:{line}: {exc}")
+                    continue
+                if reason not in REASONS:
+                    problems.append(f"{args.file}:{line}: reason {reason!r} is not one of {', '.join(REASONS)}")
+                    continue
+                rows.append((email, reason))
+        except csv.Error as exc:
+            raise InvalidInput(f"{args.file}:{reader.line_num}: {exc}") from None
     with open_senddock(args) as sd:
         added = sum(sd.suppress(email, reason=reason) for email, reason in rows)
     for problem in problems:

@@ -20,9 +20,17 @@ log = structlog.get_logger(__name__)
 
 
 def open_config(args: argparse.Namespace) -> Config:
-    """The command's config, loaded once per invocation."""
+    """The command's config, loaded once per invocation: a config given as a pipe (``-c /dev/stdin``)
+    can be read only once, so its errors are kept too, never read again as an empty file."""
     if getattr(args, "loaded_config", None) is None:
-        args.loaded_config = load_config(find_config_path(args.config, os.environ))
+        failed = getattr(args, "config_error", None)
+        if failed is not None:
+            raise failed
+        try:
+            args.loaded_config = load_config(find_config_path(args.config, os.environ))
+        except ConfigError as exc:
+            args.config_error = exc
+            raise
     return args.loaded_config
 
 
@@ -37,7 +45,7 @@ def check_config(args: argparse.Namespace, out: Output) -> int:
     path = find_config_path(args.config, os.environ)
     if path is None:
         raise ConfigError(["no config file: pass -c FILE, set SENDDOCK_CONFIG, or create config/senddock.yaml"])
-    config = load_config(path)
+    config = open_config(args)
     shown = config.redacted() if args.show else None
     payload = {"ok": True, "path": str(path), "errors": []}
     if shown is not None:
@@ -106,11 +114,13 @@ def subscribers_import(args: argparse.Namespace, out: Output) -> int:
     path = Path(args.file)
     with open_senddock(args) as sd, _progress(out, f"importing {path.name}") as on_progress:
         summary = sd.import_subscribers(path, args.list, on_reject=lambda r: out.problem(str(r)),
-                                        on_normalise=lambda n: out.problem(str(n)), on_progress=on_progress)
+                                        on_normalise=lambda n: out.problem(str(n)), on_progress=on_progress,
+                                        encoding=args.encoding)
     normalised = f", normalised {summary.normalised}" if summary.normalised else ""
     out.result(
         summary,
-        f"imported {summary.imported}, updated {summary.updated}, rejected {summary.rejected}{normalised}",
+        f"imported {summary.imported}, updated {summary.updated}, unchanged {summary.unchanged}, "
+        f"rejected {summary.rejected}{normalised}",
     )
     # A name made one line is a problem found in the input, like a rejected row: the file needs
     # fixing at its source, even though every such row was imported.

@@ -12,6 +12,7 @@ from email.policy import default as default_policy
 
 import structlog
 
+from senddock.addresses import check_address
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
@@ -29,7 +30,7 @@ def add_commands(sub, camp, command, positive_int) -> None:
     p = command(sub, "send-test", send_test,
                 "render the campaign and send it to one address now, through the configured transport")
     p.add_argument("--campaign", type=positive_int, required=True, metavar="ID")
-    p.add_argument("--to", required=True, metavar="ADDR")
+    p.add_argument("--to", required=True, metavar="ADDR", help="the one address to send to")
     p.add_argument("--email", metavar="ADDR", help="render with this subscriber's data (default: the first one)")
 
     p = command(sub, "serve", serve, "answer unsubscribe links (RFC 8058 one-click) over HTTP")
@@ -63,9 +64,25 @@ def campaign_preview(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+def _one_address(option: str, value: str) -> str:
+    """``value`` checked as an import checks an address; a usage error naming ``option`` otherwise.
+
+    send-test sends to one recipient: a list such as ``a@x.com, b@y.com`` is said to be one, not
+    merely an invalid address."""
+    if value.count("@") > 1 and any(sep in value for sep in ",;"):
+        raise UsageError(f"{option}: one recipient only, not a list: {value!r}")
+    try:
+        return check_address(value)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}") from None
+
+
 def send_test(args: argparse.Namespace, out: Output) -> int:
+    # Checked before the database is touched: a bad address is a usage error, like a bad option.
+    args.to = _one_address("--to", args.to)
+    email = _one_address("--email", args.email) if args.email is not None else None
     with open_senddock(args) as sd:
-        message, result, verdict = sd.send_test(args.campaign, args.to, email=args.email)
+        message, result, verdict = sd.send_test(args.campaign, args.to, email=email)
     reply = " ".join(str(p) for p in (result.code, result.enhanced_code, result.text) if p)
     payload = {
         "campaign_id": args.campaign, "to": args.to, "message_id": message.message_id, "sent": result.ok,
@@ -119,11 +136,10 @@ def serve(args: argparse.Namespace, out: Output) -> int:
     db = Database(config.database, application_name="senddock-serve")
     app = create_app(config, db)
     host, port = args.host or settings["host"], args.port or settings["port"]
-    base = config.path.parent if config.path else None
     tls = {}
     if settings.get("tls_cert_file"):
-        tls = {"ssl_certfile": str(base / settings["tls_cert_file"]) if base else settings["tls_cert_file"],
-               "ssl_keyfile": str(base / settings["tls_key_file"]) if base else settings["tls_key_file"]}
+        tls = {"ssl_certfile": str(config.folder / settings["tls_cert_file"]),
+               "ssl_keyfile": str(config.folder / settings["tls_key_file"])}
     log.info("serve_started", host=host, port=port, tls=bool(tls))
     limits = HttpLimits.from_settings(settings)
     # access_log off: request paths carry unsubscribe tokens.

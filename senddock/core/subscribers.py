@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,7 +17,8 @@ from senddock import headertext
 from senddock.addresses import check_address
 from senddock.core.lists import get_list
 from senddock.core.queries import query
-from senddock.errors import InvalidInput, NotFound
+from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
+from senddock.errors import InvalidInput, NotFound, UsageError
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,12 @@ class Normalised(RowNote):
 
 @dataclass(frozen=True)
 class ImportSummary:
+    """Rows counted once each: a new subscriber (imported), one whose name, attributes or lists
+    changed (updated), one already exactly so (unchanged), or a row not imported (rejected)."""
+
     imported: int
     updated: int
+    unchanged: int
     rejected: int
     normalised: int = 0
 
@@ -95,6 +99,7 @@ def import_csv(
     on_reject: Callable[[Rejection], None] = lambda r: None,
     on_progress: Callable[[int, int], None] = lambda done, total: None,
     on_normalise: Callable[[Normalised], None] = lambda n: None,
+    encoding: str = DEFAULT_ENCODING,
 ) -> ImportSummary:
     """Import a CSV (header row with ``email``; ``name`` optional; other columns become attributes).
 
@@ -102,7 +107,12 @@ def import_csv(
     duplicates are found and the subscribers upserted in SQL, all in one transaction: an import is
     applied whole or not at all. Each rejected row is reported through ``on_reject``; each row
     imported with its name made one line through ``on_normalise``, once the import is applied.
+    ``encoding``: the file's character set (a byte order mark at its start is skipped).
     """
+    try:
+        check_encoding(encoding)
+    except ValueError as exc:
+        raise UsageError(f"--encoding: {exc}") from None
     label = str(path)
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed below; progress reads its byte position
@@ -112,11 +122,10 @@ def import_csv(
     notes: dict[int, Normalised] = {}  # few: only rows whose name had to be made one line
     with raw:
         total_bytes = os.fstat(raw.fileno()).st_size
-        text = io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")
         with conn.transaction():
             list_id = get_list(conn, list_name).id
             conn.execute(query("import_staging_create"))
-            rows = _read_rows(text, label)
+            rows = _read_rows(decoded_lines(raw, encoding, label), label)
             has_name = next(rows)  # the generator first reports whether the header has a name column
             with conn.cursor() as cur, cur.copy(query("import_staging_copy")) as copy:
                 for count, item in enumerate(rows, 1):
@@ -134,17 +143,17 @@ def import_csv(
                 rejected += 1
                 on_reject(Rejection(label, line, f"duplicate of line {first_line} ({email})"))
                 notes.pop(line, None)  # not stored at all
-            imported, updated = conn.execute(
-                query("import_apply"), {"has_name": has_name, "list_id": list_id}
-            ).fetchone()
+            conn.execute(query("import_apply"), {"has_name": has_name})
+            imported, updated, unchanged = conn.execute(query("import_join_list"), {"list_id": list_id}).fetchone()
     for line in sorted(notes):
         on_normalise(notes[line])
-    return ImportSummary(imported=imported, updated=updated, rejected=rejected, normalised=len(notes))
+    return ImportSummary(imported=imported, updated=updated, unchanged=unchanged, rejected=rejected,
+                         normalised=len(notes))
 
 
-def _read_rows(text: io.TextIOWrapper, label: str) -> Iterator[Any]:
+def _read_rows(lines: Iterator[str], label: str) -> Iterator[Any]:
     """Yield whether there is a name column, then a _Row or a Rejection per record."""
-    reader = csv.reader(text)
+    reader = csv.reader(lines)
     try:
         header = next(reader, None)
         if header is None:
@@ -191,8 +200,6 @@ def _read_rows(text: io.TextIOWrapper, label: str) -> Iterator[Any]:
                 name = headertext.one_line(name)
                 note = Normalised(label, line, f"name contained {problem}; stored as {name!r}")
             yield _Row(line, email, name, attributes, note)
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{label}:{reader.line_num + 1}: not UTF-8 text ({exc.reason})") from None
     except csv.Error as exc:
         raise InvalidInput(f"{label}:{reader.line_num}: {exc}") from None
 

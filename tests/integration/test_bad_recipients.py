@@ -73,14 +73,14 @@ def test_import_reports_each_normalised_name_and_exits_1(cli, tmp_path: Path):
         f"{csv}:2: name contained a line break; stored as 'Ada Lovelace'",
         f"{csv}:5: name contained a control character; stored as 'N ul'",
     ]
-    assert result.stdout == "imported 3, updated 0, rejected 0, normalised 2\n"
+    assert result.stdout == "imported 3, updated 0, unchanged 0, rejected 0, normalised 2\n"
     again = cli("subscribers", "import", csv, "--list", "news", "-c", config, "--json")
     assert again.exit_code == 1
-    assert again.json == {"imported": 0, "updated": 3, "rejected": 0, "normalised": 2}
+    assert again.json == {"imported": 0, "updated": 0, "unchanged": 3, "rejected": 0, "normalised": 2}
     clean = tmp_path / "clean.csv"
     clean.write_text("email,name\nada@example.com,Ada Lovelace\n")
     assert cli("subscribers", "import", clean, "--list", "news", "-c", config, "--json").json == {
-        "imported": 0, "updated": 1, "rejected": 0, "normalised": 0}
+        "imported": 0, "updated": 0, "unchanged": 1, "rejected": 0, "normalised": 0}
 
 
 def test_preview_of_a_bad_subscriber_is_one_clear_line(cli, make_config, tmp_path: Path):
@@ -101,4 +101,4 @@ def test_preview_of_a_bad_subscriber_is_one_clear_line(cli, make_config, tmp_pat
     assert cli("campaign", "preview", campaign_id, "--email", "ada@example.com", "-c", config).exit_code == 0
     test = cli("send-test", "--campaign", campaign_id, "--to", "x@example.com\r\nBcc: victim@example.com",
                "--email", "ada@example.com", "-c", config)
-    assert test.exit_code == 1 and test.stderr.startswith("senddock: error: --to: invalid address")
+    assert test.exit_code == 2 and test.stderr.startswith("senddock: error: --to: invalid address")

@@ -90,7 +90,7 @@ def test_import_with_rejected_rows_exits_1_and_reports_lines(cli, config_file: P
     csv.write_text("email,name\nok@example.com,Ok\nbad-address,Bad\nok@example.com,Twice\n", encoding="utf-8")
     result = cli("subscribers", "import", csv, "--list", "news", "-c", config_file, "--json")
     assert result.exit_code == 1
-    assert result.json == {"imported": 1, "updated": 0, "rejected": 2, "normalised": 0}
+    assert result.json == {"imported": 1, "updated": 0, "unchanged": 0, "rejected": 2, "normalised": 0}
     assert f"{csv}:3: invalid address 'bad-address'" in result.stderr
     assert f"{csv}:4: duplicate of line 2 (ok@example.com)" in result.stderr
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,57 @@ def test_unreadable_file(tmp_path: Path):
 def test_top_level_must_be_a_mapping(tmp_path: Path):
     [error] = errors_of(write(tmp_path, "- a\n- b\n"))
     assert "must hold a mapping" in error
+
+
+def test_a_duplicated_key_is_refused_with_both_lines(tmp_path: Path):
+    path = write(tmp_path, "smtp:\n  host: a.example\nworkers: 5\nsmtp:\n  host: b.example\n")
+    assert errors_of(path) == [f"{path}:4: duplicate key 'smtp' (first at line 1)"]
+
+
+def test_a_duplicated_key_at_any_depth_is_named_by_its_path(tmp_path: Path):
+    path = write(tmp_path, "retry:\n  jitter: 0.1\nsmtp:\n  host: a\n  port: 25\n  host: b\n"
+                           "plugins:\n  load: [{x: 1, x: 2}]\n")
+    assert errors_of(path) == [
+        f"{path}:6: duplicate key 'host' in $.smtp (first at line 4)",
+        f"{path}:8: duplicate key 'x' in $.plugins.load[0] (first at line 8)",
+    ]
+
+
+def test_keys_that_are_the_same_value_written_differently_are_duplicates(tmp_path: Path):
+    path = write(tmp_path, "workers: 5\n'workers': 6\n")
+    assert errors_of(path) == [f"{path}:2: duplicate key 'workers' (first at line 1)"]
+
+
+def test_a_merge_key_may_be_overridden(tmp_path: Path):
+    # YAML's merge: the keys written beside `<<` win over the merged ones; that is no duplicate.
+    text = "smtp:\n  <<: {host: a.example, port: 25}\n  port: 2525\n  security: none\n"
+    config = load_config(write(tmp_path, text), environ={})
+    assert (config.section("smtp")["host"], config.section("smtp")["port"]) == ("a.example", 2525)
+
+
+def test_a_config_that_is_not_utf8_is_reported_not_raised(tmp_path: Path):
+    path = tmp_path / "senddock.yaml"
+    path.write_bytes("smtp:\n  host: caf\xe9\n".encode("latin-1"))
+    [error] = errors_of(path)
+    assert error.startswith(f"{path}:2: not UTF-8 text")
+
+
+def test_a_config_from_a_pipe_resolves_relative_paths_in_the_current_directory(tmp_path: Path, monkeypatch):
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=("database:\n  embedded:\n    path: data/pg\n",))
+    writer.start()
+    monkeypatch.chdir(tmp_path.parent)
+    try:
+        config = load_config(fifo, environ={})
+    finally:
+        writer.join()
+    assert config.folder == Path.cwd()
+    assert config.database.embedded_path == Path.cwd() / "data" / "pg"
+
+
+def test_a_config_under_dev_resolves_relative_paths_in_the_current_directory(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(Path("/dev/null"), environ={})
+    assert config.folder == tmp_path
+    assert config.database.embedded_path == tmp_path / ".senddock" / "pgdata"

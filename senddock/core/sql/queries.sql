@@ -32,11 +32,13 @@ INSERT INTO list_members (list_id, subscriber_id) VALUES (%(list_id)s, %(subscri
 ON CONFLICT DO NOTHING;
 
 -- name: import_staging_create
+-- outcome: set by import_apply for each row that inserted or changed a subscriber.
 CREATE TEMPORARY TABLE import_rows (
     line        integer NOT NULL,
     email       text NOT NULL,
     name        text,
-    attributes  jsonb NOT NULL
+    attributes  jsonb NOT NULL,
+    outcome     text NOT NULL DEFAULT 'unchanged'
 ) ON COMMIT DROP;
 
 -- name: import_staging_copy
@@ -55,6 +57,8 @@ RETURNING r.line, r.email, d.first_line;
 -- name: import_apply
 -- Re-importing updates: the name only when the file has a name column, attributes merged.
 -- A subscriber's status is never changed by an import (an unsubscribed address stays so).
+-- A subscriber whose name and attributes would stay as they are is not written at all (no new
+-- row version, updated_at kept), so the upsert returns only the rows it inserted or changed.
 WITH upserted AS (
     INSERT INTO subscribers (email, name, attributes)
     SELECT email, coalesce(name, ''), attributes FROM import_rows ORDER BY line
@@ -62,15 +66,33 @@ WITH upserted AS (
        SET name = CASE WHEN %(has_name)s THEN EXCLUDED.name ELSE subscribers.name END,
            attributes = subscribers.attributes || EXCLUDED.attributes,
            updated_at = now()
-    RETURNING id, (xmax = 0) AS inserted
-), joined AS (
-    INSERT INTO list_members (list_id, subscriber_id)
-    SELECT %(list_id)s, id FROM upserted
-    ON CONFLICT DO NOTHING
+     WHERE (subscribers.name, subscribers.attributes)
+           IS DISTINCT FROM (CASE WHEN %(has_name)s THEN EXCLUDED.name ELSE subscribers.name END,
+                             subscribers.attributes || EXCLUDED.attributes)
+    RETURNING lower(email) AS key, (xmax = 0) AS inserted
 )
-SELECT count(*) FILTER (WHERE inserted) AS imported,
-       count(*) FILTER (WHERE NOT inserted) AS updated
-FROM upserted;
+UPDATE import_rows r
+   SET outcome = CASE WHEN u.inserted THEN 'imported' ELSE 'updated' END
+  FROM upserted u
+ WHERE lower(r.email) = u.key;
+
+-- name: import_join_list
+-- A separate statement, so that it sees the subscribers import_apply inserted and every existing
+-- one it left untouched. Joining the list is a change too: such a row counts as updated.
+WITH joined AS (
+    INSERT INTO list_members (list_id, subscriber_id)
+    SELECT %(list_id)s, s.id
+      FROM import_rows r JOIN subscribers s ON lower(s.email) = lower(r.email)
+    ON CONFLICT DO NOTHING
+    RETURNING subscriber_id
+)
+SELECT count(*) FILTER (WHERE r.outcome = 'imported') AS imported,
+       count(*) FILTER (WHERE r.outcome = 'updated' OR (r.outcome = 'unchanged' AND j.subscriber_id IS NOT NULL))
+           AS updated,
+       count(*) FILTER (WHERE r.outcome = 'unchanged' AND j.subscriber_id IS NULL) AS unchanged
+  FROM import_rows r
+  JOIN subscribers s ON lower(s.email) = lower(r.email)
+  LEFT JOIN joined j ON j.subscriber_id = s.id;
 
 -- name: campaign_create
 INSERT INTO campaigns (name, subject, from_addr, reply_to, text_body, html_body)
