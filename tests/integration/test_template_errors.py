@@ -1,5 +1,5 @@
 """A template error is ours, not the recipient's: every recipient's data is checked at `campaign
-send`."""
+send`, and what still fails at render pauses the campaign instead of finishing it with failures."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from senddock.api import Senddock
 from senddock.errors import InvalidInput
 from senddock.testing import drain, fast_settings
+from tests_support import jobs_by_email, running_node, wait_for
 
 
 def _campaign(app, campaign_id: int) -> tuple:
@@ -70,4 +71,42 @@ def test_the_attribute_check_names_each_missing_key_and_sees_only_who_would_be_e
             in message)
     assert "gone@" not in message and "elsewhere@" not in message
     assert _jobs(app) == 0
+    app.close()
+
+
+@pytest.mark.parametrize("fix", ["data", "template"])
+def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(make_config, smtp_sink, fix):
+    """Data that passes the send-time check (everyone has `n`) but does not render for one recipient
+    (`n` is a string there): that job goes back in line and the campaign pauses with the reason; once
+    the data or the template is fixed, `campaign resume` sends everyone exactly once."""
+    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
+    app.create_list("news")
+    emails = [f"user{i}@example.com" for i in range(50)]
+    for i, email in enumerate(emails):  # #25 is outside the sample of the 20 oldest and 20 newest
+        app.add_subscriber(email, attributes={"n": "twenty-five" if i == 25 else i}, lists=["news"])
+    campaign_id = app.create_campaign(name="c", lists=["news"], subject="Hi", from_addr="news@example.com",
+                                      text_body="Hello\nyour number: {{ subscriber.attributes.n + 1 }}\n")
+    app.send_campaign(campaign_id)
+    with running_node(app.config):
+        wait_for(lambda: _campaign(app, campaign_id)[0] != "sending", 60, "the campaign to pause")
+        status, reason = _campaign(app, campaign_id)
+        assert (status, reason) == (
+            "paused", 'template_error: text, line 2: TypeError: can only concatenate str (not "int") to str')
+        jobs = jobs_by_email(app, campaign_id)
+        assert jobs["user25@example.com"] == ("pending", None, 0)  # back in line, no attempt used up
+        assert not [e for e, (s, _, _) in jobs.items() if s == "failed"]
+        if fix == "data":
+            app.add_subscriber("user25@example.com", attributes={"n": 25}, lists=["news"])
+        else:  # what `campaign edit` of a paused campaign would do; the node has the old one cached
+            with app.db.connection() as conn:
+                conn.execute("UPDATE campaigns SET text_body = %s WHERE id = %s",
+                             ("Hello\nyour number: {{ subscriber.attributes.n }}\n", campaign_id))
+        app.resume_campaign(campaign_id)
+        wait_for(lambda: _campaign(app, campaign_id)[0] == "finished", 60, "the campaign to finish")
+    status = app.campaign_status(campaign_id)
+    assert (status.sent, status.failed, status.failed_by_reason) == (50, 0, {})
+    received = {m.recipients[0]: m for m in smtp_sink.received}
+    assert len(smtp_sink.received) == 50 and set(received) == set(emails)
+    expected = "your number: 26" if fix == "data" else "your number: twenty-five"
+    assert expected in received["user25@example.com"].data.decode()
     app.close()
