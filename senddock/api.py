@@ -19,7 +19,7 @@ from typing import Any
 
 from senddock import mime
 from senddock.addresses import check_address
-from senddock.compose import BadRecipient, Composer
+from senddock.compose import BadRecipient, Composer, UnsubscribeSettings
 from senddock.config import Config, load_config
 from senddock.core import campaigns, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
@@ -163,7 +163,11 @@ class Senddock:
                 reply_to=reply_to,
                 text_body=text_body,
                 html_body=html_body,
+                unsubscribe_configured=self._unsubscribe_configured(),
             )
+
+    def _unsubscribe_configured(self) -> bool:
+        return UnsubscribeSettings.from_config(self.config).configured
 
     def campaign(self, campaign_id: int) -> Campaign:
         with self._conn() as conn:
@@ -183,7 +187,17 @@ class Senddock:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
+            try:
+                analysis = campaigns.check_content(content.subject, content.text_body, content.html_body,
+                                                   unsubscribe_configured=self._unsubscribe_configured())
+            except InvalidInput as exc:
+                raise InvalidInput(f"campaign {campaign_id} not sent: {exc}") from None
+            # Every recipient, set-based: an attribute the templates need and someone lacks.
+            missing = campaigns.missing_attributes(conn, campaign_id, list(analysis.required))
+            if missing:
+                raise InvalidInput(_missing_attributes_message(campaign_id, missing, analysis.required))
             sample = campaigns.sample_recipients(conn, campaign_id)
+        # A sample render too, for what reading the templates cannot tell (a value of the wrong type...).
         composer = self.composer
         prepared = composer.prepare(content)
         for recipient in sample:
@@ -227,10 +241,14 @@ class Senddock:
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
             recipient = self._sample_subscriber(conn, campaign_id, email)
-        message = self.composer.message(
-            self.composer.prepare(content), _recipient(recipient), job_id=0, broadcast_id=0, attempt=1,
-            message_id=mime.one_off_message_id("preview", mime.sender_domain(content.from_addr)),
-        )
+        try:
+            message = self.composer.message(
+                self.composer.prepare(content), _recipient(recipient), job_id=0, broadcast_id=0, attempt=1,
+                message_id=mime.one_off_message_id("preview", mime.sender_domain(content.from_addr)),
+            )
+        except TemplateError as exc:  # what preview is for: say where, in one line
+            raise InvalidInput(f"campaign {campaign_id}: its template does not render for subscriber "
+                               f"{recipient.subscriber_id} ({recipient.email}): {exc}") from None
         return message, mime.message_bytes(message)
 
     def send_test(self, campaign_id: int, to: str, *, email: str | None = None) -> tuple[Message, SendResult, Classification]:
@@ -342,6 +360,21 @@ class Senddock:
     def suppress(self, email: str, *, reason: str = "manual") -> bool:
         self.ensure_schema()
         return self.suppressions.add(email, reason=reason)
+
+
+def _missing_attributes_message(campaign_id: int, missing: list[campaigns.MissingAttribute],
+                                where: Mapping[str, str]) -> str:
+    """One line (what `--json` carries as its error): who lacks what, and how to fix it."""
+    parts = []
+    for m in missing:
+        who = "1 recipient lacks" if m.missing == 1 else f"{m.missing} recipients lack"
+        more = ", ..." if m.missing > len(m.examples) else ""
+        parts.append(f"{who} the attribute {m.key!r} read at {where[m.key]} (e.g. {', '.join(m.examples)}{more})")
+    key = missing[0].key
+    variable = f"subscriber.attributes.{key}" if key.isidentifier() else f"subscriber.attributes[{key!r}]"
+    return (f"campaign {campaign_id} not sent, nothing enqueued: {'; '.join(parts)}; give it a default in the "
+            f"template ({{{{ {variable} | default(\"...\") }}}}) or import a CSV with a {key!r} column for "
+            "them, then send again")
 
 
 def _recipient(row: campaigns.SampleRecipient) -> Recipient:

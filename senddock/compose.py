@@ -50,6 +50,11 @@ class UnsubscribeSettings:
         section = config.section("unsubscribe")
         return cls(url=section.get("url"), mailto=section.get("mailto"), secret=section.get("secret"))
 
+    @property
+    def configured(self) -> bool:
+        """Whether a template has ``unsubscribe_url`` (see Composer._unsubscribe_links)."""
+        return bool(self.secret and (self.url or self.mailto))
+
 
 @dataclass(frozen=True)
 class PreparedCampaign:

@@ -8,8 +8,9 @@ autoescape, so a subscriber's name cannot inject markup.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -18,6 +19,10 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from senddock import headertext
 from senddock.outcome import CampaignContent, Recipient, RenderedContent
+from senddock.template_uses import uses
+from senddock.template_variables import FIELDS as _FIELDS
+from senddock.template_variables import UNSUBSCRIBE_HINT
+from senddock.template_variables import VARIABLES, variable_list  # noqa: F401 - re-exported: the list lives there
 
 
 class TemplateError(Exception):
@@ -114,7 +119,7 @@ def _render(field: str, template: jinja2.Template | _Constant, context: Mapping[
     except jinja2.UndefinedError as exc:
         message = exc.message or "undefined variable"
         if message == "'unsubscribe_url' is undefined":
-            message += " (set unsubscribe.url or unsubscribe.mailto, with unsubscribe.secret, in the config)"
+            message += f" ({UNSUBSCRIBE_HINT})"
         raise TemplateError(field, message, _line(exc)) from None
     except jinja2.TemplateError as exc:  # sandbox refusals and the rest
         raise TemplateError(field, str(exc), _line(exc)) from None
@@ -130,3 +135,87 @@ def _line(exc: BaseException) -> int | None:
             line = tb.tb_lineno
         tb = tb.tb_next
     return line
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """What a campaign's templates read, judged before any render.
+
+    ``problems``: variables that can never exist, one TemplateError each (field, line, message).
+    ``required``: the subscriber attributes read on every render with no default, each with where
+    it is first read (``text, line 2``): a recipient without one of them cannot render.
+    """
+
+    problems: list[TemplateError] = field(default_factory=list)
+    required: dict[str, str] = field(default_factory=dict)
+
+
+def analyse(subject: str, text_body: str | None, html_body: str | None, *,
+            unsubscribe_configured: bool = True) -> Analysis:
+    """Read the templates' variables off their AST (the sources must compile)."""
+    analysis, seen = Analysis(), set()
+    for name, source, autoescape in (("subject", subject, False), ("text", text_body, False),
+                                     ("html", html_body, True)):
+        if source is None or not any(marker in source for marker in ("{{", "{%", "{#")):
+            continue
+        environment = _environment(autoescape)
+        for use in uses(environment.parse(source), frozenset(environment.globals)):
+            problem = _problem(use, unsubscribe_configured)
+            if problem is not None and (name, use.line, problem) not in seen:
+                seen.add((name, use.line, problem))
+                analysis.problems.append(TemplateError(name, problem, use.line))
+            elif problem is None and (column := _required_attribute(use)) is not None:
+                analysis.required.setdefault(column, f"{name}, line {use.line}")
+    return analysis
+
+
+def _problem(use, unsubscribe_configured: bool) -> str | None:
+    root, path = use.path[0], use.path
+    if root == "unsubscribe_url":
+        if unsubscribe_configured or use.guarded:
+            return None
+        return f"unsubscribe_url needs the unsubscribe section ({UNSUBSCRIBE_HINT})"
+    if use.guarded:
+        return None
+    if root not in _FIELDS:
+        bad = (root,)
+    elif len(path) > 1 and path[1] not in _FIELDS[root]:
+        bad = path[:2]
+    else:
+        return None
+    dotted = ".".join(bad)
+    suggestion = _suggest(path)
+    return f"'{dotted}' is not a variable" + (f" (did you mean {suggestion}?)" if suggestion else "")
+
+
+def _suggest(path: tuple[str, ...]) -> str | None:
+    """The closest real variable: a typo of one (``subscriber.emial``), a field named without its
+    object (``name``), or else the subscriber attribute of that name (``city``)."""
+    root = path[0]
+    if root in _FIELDS:
+        close = difflib.get_close_matches(path[1], _FIELDS[root], n=1)
+        if close:
+            return ".".join((root, close[0], *path[2:]))
+        return f"subscriber.attributes.{path[1]}" if root == "subscriber" else None
+    fields = {f"{obj}.{name}": name for obj, names in _FIELDS.items() for name in names}
+    by_name = {name: full for full, name in reversed(list(fields.items()))}  # "name": subscriber's first
+    candidates = [*_FIELDS, "unsubscribe_url", *by_name]
+    close = difflib.get_close_matches(root, candidates, n=1)
+    if close:
+        found = close[0]
+        if found in _FIELDS:
+            return ".".join((found, *path[1:]))
+        return ".".join((by_name.get(found, found), *path[1:]))
+    if len(path) == 1:
+        return f"subscriber.attributes.{root}"
+    return None
+
+
+def _required_attribute(use) -> str | None:
+    """The attribute a use needs every recipient to have, if it does."""
+    path = use.path
+    if use.guarded or not use.always or len(path) < 3 or path[:2] != ("subscriber", "attributes"):
+        return None
+    if use.attr[2] and hasattr(dict, path[2]):  # `.items`, `.get`...: the dict's method, not a key
+        return None
+    return path[2]

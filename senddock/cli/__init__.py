@@ -59,6 +59,15 @@ def _aware_time(text: str):
     return value
 
 
+def _template_variables_help() -> str:
+    from senddock.template_variables import VARIABLES
+
+    width = max(len(name) for name, _ in VARIABLES)
+    rows = "\n".join(f"  {name.ljust(width)}  {meaning}" for name, meaning in VARIABLES)
+    return ("The subject and bodies are Jinja2 templates; they may use:\n" + rows + "\n"
+            "Use | default(\"...\") where a value may be missing: {{ subscriber.attributes.city | default(\"\") }}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: an option given before the subcommand is not reset by the subcommand's default.
@@ -99,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     camp = sub.add_parser("campaign", help="campaigns").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)
     p = command(camp, "create", commands.campaign_create, "create a draft campaign; prints its id")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = _template_variables_help()
     p.add_argument("--name", required=True)
     p.add_argument("--list", required=True, action="append", metavar="NAME", help="target list (repeatable)")
     p.add_argument("--subject", required=True)

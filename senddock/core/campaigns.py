@@ -14,7 +14,7 @@ from senddock.addresses import check_mailbox
 from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
-from senddock.templates import CampaignTemplates, TemplateError
+from senddock.templates import Analysis, CampaignTemplates, TemplateError, analyse, variable_list
 
 _TEMPLATE_OPTION = {"subject": "--subject", "text": "--text", "html": "--html"}
 
@@ -125,7 +125,9 @@ def create_campaign(
     reply_to: str | None = None,
     text_body: str | None = None,
     html_body: str | None = None,
+    unsubscribe_configured: bool = False,
 ) -> int:
+    """``unsubscribe_configured``: the config has an unsubscribe link to offer (see check_content)."""
     if not name.strip():
         raise InvalidInput("--name: a campaign needs a name")
     if not subject.strip():
@@ -136,11 +138,7 @@ def create_campaign(
         raise InvalidInput("a campaign needs a body: give --text FILE and/or --html FILE")
     from_addr = check_mailbox(from_addr, what="--from")
     reply_to = check_mailbox(reply_to, what="--reply-to") if reply_to else None
-    try:
-        CampaignTemplates.compile(subject, text_body, html_body)
-    except TemplateError as exc:
-        line = f"line {exc.line}: " if exc.line else ""
-        raise InvalidInput(f"{_TEMPLATE_OPTION[exc.field]}: template error, {line}{exc.detail}") from None
+    check_content(subject, text_body, html_body, unsubscribe_configured=unsubscribe_configured)
     with conn.transaction():
         list_ids = [get_list(conn, list_name).id for list_name in lists]
         campaign_id = conn.execute(
@@ -157,6 +155,28 @@ def create_campaign(
         for list_id in list_ids:
             conn.execute(query("campaign_add_list"), {"campaign_id": campaign_id, "list_id": list_id})
     return campaign_id
+
+
+def check_content(subject: str, text_body: str | None, html_body: str | None, *,
+                  unsubscribe_configured: bool) -> Analysis:
+    """Refuse templates that cannot render for anyone: a syntax error, or a variable that never
+    exists (``{{ name }}`` for ``{{ subscriber.name }}``), each named with its option and line.
+    Returns what the templates read (the attributes every recipient must have: see send).
+
+    ``unsubscribe_configured``: whether ``unsubscribe_url`` exists (an ``unsubscribe`` section with a
+    secret and a url or mailto); a template using it is refused without one.
+    """
+    try:
+        CampaignTemplates.compile(subject, text_body, html_body)
+    except TemplateError as exc:
+        line = f"line {exc.line}: " if exc.line else ""
+        raise InvalidInput(f"{_TEMPLATE_OPTION[exc.field]}: template error, {line}{exc.detail}") from None
+    analysis = analyse(subject, text_body, html_body, unsubscribe_configured=unsubscribe_configured)
+    if analysis.problems:
+        lines = [f"{_TEMPLATE_OPTION[p.field]}, line {p.line}: {p.detail}" for p in analysis.problems]
+        # One line: it is what `--json` carries as its error.
+        raise InvalidInput("; ".join(lines) + f"; the variables are: {variable_list()}")
+    return analysis
 
 
 def get_campaign(conn: psycopg.Connection, campaign_id: int) -> Campaign:
@@ -180,6 +200,22 @@ def sample_recipients(conn: psycopg.Connection, campaign_id: int, each: int = 20
     list_ids = [row[0] for row in conn.execute(query("campaign_list_ids"), {"campaign_id": campaign_id})]
     with conn.cursor(row_factory=class_row(SampleRecipient)) as cur:
         return cur.execute(query("campaign_sample_recipients"), {"list_ids": list_ids, "each": each}).fetchall()
+
+
+@dataclass(frozen=True)
+class MissingAttribute:
+    key: str
+    missing: int  # recipients without it
+    examples: list[str]  # up to 5 of their addresses
+
+
+def missing_attributes(conn: psycopg.Connection, campaign_id: int, keys: Sequence[str]) -> list[MissingAttribute]:
+    """The attributes among ``keys`` that some recipient a send would enqueue lacks."""
+    if not keys:
+        return []
+    list_ids = [row[0] for row in conn.execute(query("campaign_list_ids"), {"campaign_id": campaign_id})]
+    with conn.cursor(row_factory=class_row(MissingAttribute)) as cur:
+        return cur.execute(query("campaign_missing_attributes"), {"list_ids": list_ids, "keys": list(keys)}).fetchall()
 
 
 def subscriber_by_email(conn: psycopg.Connection, email: str) -> SampleRecipient | None:

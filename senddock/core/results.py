@@ -37,10 +37,17 @@ def send(pm: pluggy.PluginManager, config: Config, message: Message, worker_stat
     return result
 
 
+# The paused_reason of a campaign whose templates did not render for a recipient; details follow.
+TEMPLATE_ERROR = "template_error"
+
+
 def template_failure(error: TemplateError) -> tuple[SendResult, Classification]:
-    """A recipient whose data does not render: failed with the template's message, never sent."""
+    """A recipient whose data does not render: our fault (the template's or the data's), not the
+    recipient's. Nothing is sent, the job goes back in line as it was and the campaign pauses with
+    the error, so fixing the data or the template and `campaign resume` sends it; a campaign never
+    finishes with failures that a fix could have avoided."""
     result = SendResult("engine", ok=False, text=str(error), phase="render", error=error)
-    return result, Classification(Outcome.FAIL, "template_error")
+    return result, Classification(Outcome.PAUSE, f"{TEMPLATE_ERROR}: {error}")
 
 
 # The phase of a job refused before any transport saw it: it says nothing about the relay.

@@ -260,7 +260,7 @@ class Worker(threading.Thread):
         try:
             message = self._message(queue, job)
         except TemplateError as exc:
-            # This recipient's data does not fit the template: fail the job, the broadcast goes on.
+            # This recipient's data does not fit the template: the job goes back, the campaign pauses.
             result, verdict = results.template_failure(exc)
         except BadRecipient as exc:
             # A line break in the name or address: this job fails, nothing reaches the relay.
@@ -359,9 +359,21 @@ class Worker(threading.Thread):
 
     def _message(self, queue: Queue, job: ClaimedJob) -> Message:
         """The job's Message, rendered for its recipient; campaign content is read once per worker."""
-        content = self._campaigns.get(job.campaign_id)
-        if content is None:
-            content = self._campaigns[job.campaign_id] = CampaignContent(**queue.campaign_content(job.campaign_id))
+        cached = self._campaigns.get(job.campaign_id)
+        try:
+            return self._compose(job, cached or self._content(queue, job.campaign_id))
+        except TemplateError:
+            # A template error pauses the campaign: first make sure it is not this worker's old copy
+            # of a template fixed since (the campaign was paused, fixed and resumed).
+            if cached is None or (fresh := self._content(queue, job.campaign_id)) == cached:
+                raise
+            return self._compose(job, fresh)
+
+    def _content(self, queue: Queue, campaign_id: int) -> CampaignContent:
+        content = self._campaigns[campaign_id] = CampaignContent(**queue.campaign_content(campaign_id))
+        return content
+
+    def _compose(self, job: ClaimedJob, content: CampaignContent) -> Message:
         composer = self.runner.composer
         return composer.message(
             composer.prepare(content),

@@ -176,27 +176,6 @@ def test_tls_that_cannot_be_set_up_pauses_and_suppresses_nobody(make_config, tmp
     app.close()
 
 
-def test_a_recipient_whose_data_does_not_render_fails_alone(make_config, smtp_sink):
-    app = Senddock(make_config(fast_settings(smtp_sink.port)))
-    app.create_list("news")
-    # The sample checked before enqueueing is the 20 oldest and 20 newest: #25 is not in it.
-    for i in range(50):
-        attributes = {} if i == 25 else {"city": f"City {i}"}
-        app.add_subscriber(f"user{i}@example.com", attributes=attributes, lists=["news"])
-    campaign_id = app.create_campaign(name="c", lists=["news"], subject="Hi", from_addr="news@example.com",
-                                      text_body="Greetings to\n{{ subscriber.attributes.city }}\n")
-    app.send_campaign(campaign_id)
-    drain(app.config)
-    jobs = jobs_by_email(app, campaign_id)
-    assert jobs.pop("user25@example.com") == ("failed", "template_error", 1)
-    assert set(jobs.values()) == {("sent", None, 1)}
-    with app.db.connection() as conn:
-        last = conn.execute("SELECT last_result FROM broadcast_jobs WHERE email = 'user25@example.com'").fetchone()[0]
-    assert last == "text, line 2: 'dict object' has no attribute 'city'"
-    assert len(smtp_sink.received) == 49
-    app.close()
-
-
 def _job_ids(app, campaign_id):
     with app.db.connection() as conn:
         rows = conn.execute("SELECT j.email, j.broadcast_id, j.id FROM broadcast_jobs j JOIN campaigns c "

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from senddock.outcome import CampaignContent, Recipient
-from senddock.templates import CampaignTemplates, TemplateError, context_for
+from senddock.templates import VARIABLES, CampaignTemplates, TemplateError, analyse, context_for
 
 
 def render(subject="Hi", text=None, html=None, **subscriber):
@@ -70,3 +72,74 @@ def test_html_only_gets_a_text_part_with_its_links():
 def test_a_template_without_jinja_syntax_renders_to_itself(source):
     rendered = render(source or "s", text=source, html=source)
     assert rendered.text_body == source and rendered.html_body == source
+
+
+def problems(text, *, subject="Hi", html=None, unsubscribe_configured=True):
+    analysis = analyse(subject, text, html, unsubscribe_configured=unsubscribe_configured)
+    return [str(p) for p in analysis.problems]
+
+
+def test_a_variable_that_never_exists_is_named_with_its_line_and_the_closest_real_one():
+    assert problems("Hello {{ name }}") == ["text, line 1: 'name' is not a variable (did you mean subscriber.name?)"]
+    assert problems("\n\n{{ subscriber.emial }} {{ subscribr.name }} {{ campaign.from_addr }}") == [
+        "text, line 3: 'subscriber.emial' is not a variable (did you mean subscriber.email?)",
+        "text, line 3: 'subscribr' is not a variable (did you mean subscriber.name?)",
+        "text, line 3: 'campaign.from_addr' is not a variable (did you mean campaign.from?)",
+    ]
+    # A CSV column named as if it were a variable of its own: it lives under subscriber.attributes.
+    assert problems("{{ city }} {{ subscriber.city }}") == [
+        "text, line 1: 'city' is not a variable (did you mean subscriber.attributes.city?)",
+        "text, line 1: 'subscriber.city' is not a variable (did you mean subscriber.attributes.city?)",
+    ]
+    assert problems("{{ unsubscribe_link }}") == [
+        "text, line 1: 'unsubscribe_link' is not a variable (did you mean unsubscribe_url?)"]
+    assert problems("{{ campaign.subject }}") == ["text, line 1: 'campaign.subject' is not a variable"]
+    assert problems(None, subject="Hi {{ nme }}", html="<p>\n{{ x.y }}</p>") == [
+        "subject, line 1: 'nme' is not a variable (did you mean subscriber.name?)",
+        "html, line 2: 'x' is not a variable",
+    ]
+
+
+def test_what_the_template_defines_or_guards_is_no_problem():
+    text = """{% set greeting = "Hello" %}{% set ns = namespace(total=0) %}{% set ns.total = 1 %}
+{% macro line(label, value="-") %}{{ label }}: {{ value }}{{ varargs }}{% endmacro %}
+{{ greeting }} {{ line("city", subscriber.attributes.city) }}
+{% for tag in subscriber.attributes.tags if tag %}{{ loop.index }} {{ tag }}{% else %}none{% endfor %}
+{% with total = 3 %}{{ total }}{% endwith %}{% call(item) line("x") %}{{ item }}{{ caller }}{% endcall %}
+{{ nickname | default(subscriber.name) }} {{ title | d("") }} {{ range(3) | list }} {{ dict(a=1) }}
+{% if vip is defined and vip %}{{ vip.level }}{% elif other is undefined %}x{% endif %}
+{{ code if code is defined else "" }} {{ subscriber["email"] }} {{ subscriber.name.upper() }}
+{{ subscriber.attributes.items() | list }} {{ subscriber.attributes[campaign.name] }} {{ campaign["from"] }}"""
+    assert problems(text, subject="{{ campaign.name }} #{{ campaign.id }}") == []
+
+
+def test_unsubscribe_url_without_an_unsubscribe_section_says_what_to_configure():
+    assert problems("{{ unsubscribe_url }}", unsubscribe_configured=True) == []
+    assert problems("x\n{{ unsubscribe_url }}", unsubscribe_configured=False) == [
+        "text, line 2: unsubscribe_url needs the unsubscribe section (set unsubscribe.url or unsubscribe.mailto, "
+        "with unsubscribe.secret, in the config)"]
+
+
+def test_required_attributes_are_those_every_render_reads_without_a_default():
+    text = """{{ subscriber.attributes.city }} {{ subscriber.attributes["first name"] }}
+{{ subscriber.attributes.zip | default("") }}{% if subscriber.attributes.vip is defined %}{{ subscriber.attributes.vip }}{% endif %}
+{% if subscriber.attributes.plan == "pro" %}{{ subscriber.attributes.seats }}{% endif %}
+{% for x in subscriber.attributes.tags %}{{ subscriber.attributes.inloop }}{% endfor %}
+{{ subscriber.attributes.a or subscriber.attributes.b }} {{ subscriber.attributes.get("c") }}
+{% macro m() %}{{ subscriber.attributes.inmacro }}{% endmacro %}{{ subscriber.attributes.city }}"""
+    required = analyse("{{ subscriber.attributes.greeting }}", text, None).required
+    assert required == {"greeting": "subject, line 1", "city": "text, line 1", "first name": "text, line 1",
+                        "plan": "text, line 3", "tags": "text, line 4", "a": "text, line 5"}
+
+
+def test_the_variable_list_is_what_templates_see_and_what_the_docs_show():
+    context = context_for(Recipient("ada@example.com", "Ada", {"city": "Paris"}, 1),
+                          CampaignContent(campaign_id=7, name="n", subject="s", from_addr="news@example.com"), "u")
+    seen = [f"{obj}.{key}" for obj in ("subscriber", "campaign") for key in context[obj]] + ["unsubscribe_url"]
+    listed = [name.replace(".<column>", "") for name, _ in VARIABLES]
+    assert seen == listed and set(context) == {"subscriber", "campaign", "unsubscribe_url"}
+    root = Path(__file__).resolve().parents[2]
+    docs = (root / "docs" / "messages.md").read_text(encoding="utf-8")
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    for name, _ in VARIABLES:
+        assert f"`{name}`" in docs and f"`{name}`" in readme, name

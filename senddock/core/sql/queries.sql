@@ -902,6 +902,25 @@ UNION
   ORDER BY s.id DESC LIMIT %(each)s)
 ORDER BY subscriber_id;
 
+-- name: campaign_missing_attributes
+-- Before enqueueing: the recipients a send would enqueue (as broadcast_enqueue picks them) that lack
+-- an attribute the templates read on every render. `?&` keeps only the incomplete ones (usually
+-- none) in one pass; then, per missing key, how many lack it and the first 5 addresses.
+WITH incomplete AS MATERIALIZED (
+    SELECT s.id, s.email, s.attributes
+      FROM subscribers s
+     WHERE s.status = 'active'
+       AND NOT s.attributes ?& %(keys)s::text[]
+       AND EXISTS (SELECT 1 FROM list_members m WHERE m.subscriber_id = s.id AND m.list_id = ANY(%(list_ids)s))
+       AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(s.email))
+)
+SELECT k.key, n.missing,
+       ARRAY(SELECT i.email FROM incomplete i WHERE NOT i.attributes ? k.key ORDER BY i.id LIMIT 5) AS examples
+  FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, ord)
+ CROSS JOIN LATERAL (SELECT count(*) AS missing FROM incomplete i WHERE NOT i.attributes ? k.key) n
+ WHERE n.missing > 0
+ ORDER BY k.ord;
+
 -- name: subscriber_by_email
 SELECT id AS subscriber_id, email, name, attributes FROM subscribers WHERE lower(email) = lower(%(email)s);
 
