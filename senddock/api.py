@@ -21,7 +21,7 @@ from senddock import mime
 from senddock.addresses import check_address
 from senddock.compose import BadRecipient, Composer
 from senddock.config import Config, load_config
-from senddock.core import campaigns, events, lists, migrations, nodes, results, subscribers
+from senddock.core import campaigns, drafts, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
     Campaign,
     CampaignStatus,
@@ -163,6 +163,24 @@ class Senddock:
                 text_body=text_body,
                 html_body=html_body,
             )
+
+    def edit_campaign(self, campaign_id: int, **changes: Any) -> drafts.Edited:
+        """Change a draft: any of ``name``, ``subject``, ``from``, ``reply_to`` ("" removes it), ``text``,
+        ``html``, ``lists``; the result is checked exactly as :meth:`create_campaign` checks its content.
+        A campaign that was sent or scheduled raises InvalidState (clone it instead)."""
+        with self._conn() as conn:
+            return drafts.edit_campaign(conn, campaign_id, **changes)
+
+    def clone_campaign(self, campaign_id: int, *, name: str | None = None) -> int:
+        """A new draft with the campaign's content and lists (any state); returns its id."""
+        with self._conn() as conn:
+            return drafts.clone_campaign(conn, campaign_id, name)
+
+    def delete_campaign(self, campaign_id: int, *, force: bool = False) -> drafts.Deleted:
+        """Delete a draft or scheduled campaign; a cancelled or finished one with ``force`` (its
+        broadcast, jobs, delivery log and events go; the suppressions it caused stay)."""
+        with self._conn() as conn:
+            return drafts.delete_campaign(conn, campaign_id, force=force)
 
     def campaign(self, campaign_id: int) -> Campaign:
         with self._conn() as conn:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psycopg
 
 from senddock import __version__
-from senddock.cli import addresses, commands, control, engine, events, mail
+from senddock.cli import addresses, commands, control, drafts, engine, events, mail
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
 from senddock.errors import (
@@ -119,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_commands(sub, camp, command, _positive_int)
     mail.add_commands(sub, camp, command, _positive_int)
     control.add_commands(camp, command, _positive_int)
+    drafts.add_commands(camp, command, _positive_int)
     supp = sub.add_parser("suppressions", help="the suppression list every campaign respects").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)
     addresses.add_commands(supp, subs, camp, sub, command, _positive_int)
