@@ -17,7 +17,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from senddock import mime
+from senddock import mime, unsubscribe
 from senddock.addresses import check_address
 from senddock.compose import BadRecipient, Composer
 from senddock.config import Config, load_config
@@ -32,7 +32,7 @@ from senddock.core.db import Database
 from senddock.core.lists import MailingList
 from senddock.core.subscribers import ImportSummary, Normalised, Rejection
 from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
-from senddock.errors import DatabaseError, InvalidInput, NotFound
+from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound
 from senddock.outcome import (
     CampaignContent,
     Classification,
@@ -190,14 +190,20 @@ class Senddock:
         with self._conn() as conn:
             return campaigns.all_campaigns(conn)
 
-    def send_campaign(self, campaign_id: int, *, send_at: datetime | None = None) -> EnqueueResult:
+    def send_campaign(self, campaign_id: int, *, send_at: datetime | None = None,
+                      require_unsubscribe: bool = False) -> EnqueueResult:
         """Enqueue the campaign's broadcast, once its templates rendered for a sample of recipients.
 
         With ``send_at`` (timezone-aware) in the future the campaign is ``scheduled``: its jobs are
-        enqueued now and nothing is claimed before then.
+        enqueued now and nothing is claimed before then. With ``require_unsubscribe`` (what `campaign
+        send` does unless given --no-unsubscribe) a config without unsubscribe links is refused:
+        bulk mail without List-Unsubscribe is what Gmail and Yahoo refuse.
         """
         if send_at is not None and send_at.tzinfo is None:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
+        if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.section("unsubscribe"))):
+            raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass --no-unsubscribe to send "
+                               "without (a test list, a relay of your own)")
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
             sample = campaigns.sample_recipients(conn, campaign_id)

@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     command(camp, "ls", commands.campaign_ls, "list campaigns")
     p = command(camp, "send", commands.campaign_send, "enqueue the campaign's broadcast")
     p.add_argument("id", type=_positive_int, metavar="ID")
+    p.add_argument("--no-unsubscribe", action="store_true",
+                   help="send even though no unsubscribe link is configured (no List-Unsubscribe header)")
     p.add_argument("--at", type=_aware_time, metavar="TIME",
                    help="send at this time (ISO 8601 with its zone, e.g. 2026-12-24T09:00:00+01:00); nothing "
                         "is claimed before then")

@@ -37,7 +37,7 @@ def test_send_refuses_a_campaign_whose_template_fails_for_its_recipients(cli, co
     body.write_text("Your plan: {{ subscriber.attributes.plan }}", encoding="utf-8")
     campaign = cli("campaign", "create", "--name", "x", "--list", "news", "--subject", "Hi",
                    "--from", "a@example.com", "--text", body, "-c", config_file, "--json").json["id"]
-    result = cli("campaign", "send", str(campaign), "-c", config_file, "--json")
+    result = cli("campaign", "send", str(campaign), "--no-unsubscribe", "-c", config_file, "--json")
     assert result.exit_code == 1
     assert "does not render for subscriber 1 (ada@example.com): text, line 1" in result.json["error"]
     assert cli("campaign", "status", str(campaign), "-c", config_file, "--json").json["status"] == "draft"
