@@ -288,3 +288,19 @@ def test_edit_or_delete_racing_a_send_waits_for_it_and_refuses(app, config_path,
     assert (campaign.subject, campaign.status) == ("Helo", "sending")
     assert rows(database_dsn, "SELECT count(*) FROM broadcast_jobs WHERE broadcast_id = %s",
                 campaign.broadcast_id) == [(2,)]
+
+
+def test_delete_knows_every_table_that_refers_to_a_campaign_or_a_broadcast(database_dsn):
+    """A migration that adds a table keyed by campaign or broadcast must decide what delete does with it."""
+    found = rows(database_dsn, "SELECT c.table_name, c.column_name FROM information_schema.columns c "
+                               "JOIN information_schema.tables t USING (table_schema, table_name) "
+                               "WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE' "
+                               "AND c.column_name IN ('campaign_id', 'broadcast_id', 'source_broadcast_id')")
+    handled = {(table, "broadcast_id") for table in BROADCAST_TABLES} | {
+        ("campaign_lists", "campaign_id"),  # deleted with the campaign
+        ("broadcasts", "campaign_id"),  # deleted with it, in the same statement (the FKs point both ways)
+        ("campaigns", "broadcast_id"),
+        ("pending_bounces", "campaign_id"),  # a delete waits until none is left
+        ("suppressions", "source_broadcast_id"),  # kept: they protect the list
+    }
+    assert set(found) == handled
