@@ -91,7 +91,8 @@ def _delete_line(d: Deleted) -> str:
     if d.broadcast_id is None:
         return line
     line += (f": broadcast {d.broadcast_id}, {d.jobs} jobs, {d.delivery_attempts} delivery attempts, "
-             f"{d.delivery_events} provider events, {d.claim_floors} claim floor rows")
+             f"{d.delivery_events} provider events, {d.campaign_events} status changes, "
+             f"{d.claim_floors} claim floor rows")
     if d.suppressions_kept:
         line += f"; kept the {d.suppressions_kept} suppressions its bounces made"
     return line

@@ -44,6 +44,7 @@ class Deleted:
     delivery_attempts: int = 0
     delivery_events: int = 0
     claim_floors: int = 0
+    campaign_events: int = 0  # its status changes (`campaign history`)
     suppressions_kept: int = 0
 
 
@@ -164,5 +165,6 @@ def delete_campaign(conn: psycopg.Connection, campaign_id: int, *, force: bool =
         id=campaign_id, status=campaign.status, broadcast_id=campaign.broadcast_id, lists=removed["lists"],
         jobs=removed["jobs"], delivery_attempts=removed["delivery_attempts"],
         delivery_events=removed["delivery_events"], claim_floors=removed["claim_floors"],
+        campaign_events=removed["campaign_events"],
         suppressions_kept=counts["suppressions_kept"],
     )

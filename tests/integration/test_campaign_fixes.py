@@ -173,7 +173,8 @@ def test_delete_a_draft_and_a_scheduled_campaign(app, run_senddock, config_path,
     result = run_senddock("campaign", "delete", scheduled, "-c", config_path, "--json")
     assert result.exit_code == 0, result.stderr
     assert result.json == {"id": scheduled, "status": "scheduled", "broadcast_id": broadcast, "lists": 1, "jobs": 2,
-                           "delivery_attempts": 0, "delivery_events": 0, "claim_floors": 0, "suppressions_kept": 0}
+                           "delivery_attempts": 0, "delivery_events": 0, "claim_floors": 0, "campaign_events": 1,
+                           "suppressions_kept": 0}
     assert rows(database_dsn, "SELECT count(*) FROM broadcasts") == [(0,)]
     assert rows(database_dsn, "SELECT count(*) FROM broadcast_jobs") == [(0,)]
     gone = run_senddock("campaign", "delete", scheduled, "-c", config_path)
@@ -216,12 +217,14 @@ def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_conf
     assert forced.exit_code == 0, forced.stderr
     removed = forced.json
     assert removed.pop("claim_floors") >= 1  # the poll raised the broadcast's claim floor while it drained
+    assert removed.pop("campaign_events") == 2  # draft -> sending -> finished
     assert removed == {"id": doomed, "status": "finished", "broadcast_id": broadcast, "lists": 1, "jobs": 3,
-                           "delivery_attempts": attempts, "delivery_events": 1, "suppressions_kept": 1}
+                       "delivery_attempts": attempts, "delivery_events": 1, "suppressions_kept": 1}
     for table in BROADCAST_TABLES:
         assert rows(database_dsn, f"SELECT count(*) FROM {table} WHERE broadcast_id = %s", broadcast) == [(0,)], table
         assert rows(database_dsn, f"SELECT count(*) FROM {table} WHERE broadcast_id <> %s", broadcast) == before[table]
     assert rows(database_dsn, "SELECT id FROM campaigns") == [(kept,)]
+    assert rows(database_dsn, "SELECT DISTINCT campaign_id FROM campaign_events") == [(kept,)]
     # The bounce's suppression protects the list still: the next campaign skips the address.
     assert rows(database_dsn, "SELECT email, reason FROM suppressions") == [("bounce@example.com", "bounced")]
 
@@ -298,6 +301,7 @@ def test_delete_knows_every_table_that_refers_to_a_campaign_or_a_broadcast(datab
                                "AND c.column_name IN ('campaign_id', 'broadcast_id', 'source_broadcast_id')")
     handled = {(table, "broadcast_id") for table in BROADCAST_TABLES} | {
         ("campaign_lists", "campaign_id"),  # deleted with the campaign
+        ("campaign_events", "campaign_id"),  # its status history: deleted with it
         ("broadcasts", "campaign_id"),  # deleted with it, in the same statement (the FKs point both ways)
         ("campaigns", "broadcast_id"),
         ("pending_bounces", "campaign_id"),  # a delete waits until none is left

@@ -156,7 +156,7 @@ SELECT (SELECT count(*) FROM campaign_lists WHERE campaign_id = %(campaign_id)s)
        (SELECT count(*) FROM suppressions WHERE source_broadcast_id = %(broadcast_id)s) AS suppressions_kept;
 
 -- name: campaign_delete
--- One statement: the campaign, its list links, its broadcast and everything keyed by the broadcast
+-- One statement: the campaign, its list links and status history, its broadcast and everything keyed by the broadcast
 -- (no foreign keys on the queue's tables, so nothing else would remove them). The foreign keys
 -- between campaigns and broadcasts point both ways; both rows go in this statement, and the checks
 -- run at its end. Suppressions its bounces made are kept: they protect the list, whatever became
@@ -174,6 +174,9 @@ WITH lists AS (
     DELETE FROM claim_floors WHERE broadcast_id = %(broadcast_id)s RETURNING 1
 ), putbacks AS (
     DELETE FROM claim_putbacks WHERE broadcast_id = %(broadcast_id)s RETURNING 1
+), history AS (
+    -- Would go by ON DELETE CASCADE too; deleted here to be counted.
+    DELETE FROM campaign_events WHERE campaign_id = %(campaign_id)s RETURNING 1
 ), broadcast AS (
     DELETE FROM broadcasts WHERE id = %(broadcast_id)s RETURNING 1
 ), campaign AS (
@@ -186,7 +189,8 @@ SELECT (SELECT count(*) FROM campaign) AS campaigns,
        (SELECT count(*) FROM jobs WHERE status = 'sending') AS in_flight,
        (SELECT count(*) FROM attempts) AS delivery_attempts,
        (SELECT count(*) FROM events) AS delivery_events,
-       (SELECT count(*) FROM floors) + (SELECT count(*) FROM putbacks) AS claim_floors;
+       (SELECT count(*) FROM floors) + (SELECT count(*) FROM putbacks) AS claim_floors,
+       (SELECT count(*) FROM history) AS campaign_events;
 
 -- name: campaign_list_ids
 SELECT list_id FROM campaign_lists WHERE campaign_id = %(campaign_id)s;
