@@ -17,11 +17,11 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from senddock import mime
+from senddock import mime, unsubscribe
 from senddock.addresses import check_address
 from senddock.compose import BadRecipient, Composer, UnsubscribeSettings
 from senddock.config import Config, load_config
-from senddock.core import campaigns, events, lists, migrations, nodes, results, subscribers
+from senddock.core import campaigns, drafts, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
     Campaign,
     CampaignStatus,
@@ -32,7 +32,7 @@ from senddock.core.db import Database
 from senddock.core.lists import MailingList
 from senddock.core.subscribers import ImportSummary, Normalised, Rejection
 from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
-from senddock.errors import DatabaseError, InvalidInput, NotFound
+from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound
 from senddock.outcome import (
     CampaignContent,
     Classification,
@@ -169,6 +169,25 @@ class Senddock:
     def _unsubscribe_configured(self) -> bool:
         return UnsubscribeSettings.from_config(self.config).configured
 
+    def edit_campaign(self, campaign_id: int, **changes: Any) -> drafts.Edited:
+        """Change a draft: any of ``name``, ``subject``, ``from``, ``reply_to`` ("" removes it), ``text``,
+        ``html``, ``lists``; the result is checked exactly as :meth:`create_campaign` checks its content.
+        A campaign that was sent or scheduled raises InvalidState (clone it instead)."""
+        with self._conn() as conn:
+            return drafts.edit_campaign(conn, campaign_id, unsubscribe_configured=self._unsubscribe_configured(),
+                                        **changes)
+
+    def clone_campaign(self, campaign_id: int, *, name: str | None = None) -> int:
+        """A new draft with the campaign's content and lists (any state); returns its id."""
+        with self._conn() as conn:
+            return drafts.clone_campaign(conn, campaign_id, name)
+
+    def delete_campaign(self, campaign_id: int, *, force: bool = False) -> drafts.Deleted:
+        """Delete a draft or scheduled campaign; a cancelled or finished one with ``force`` (its
+        broadcast, jobs, delivery log and events go; the suppressions it caused stay)."""
+        with self._conn() as conn:
+            return drafts.delete_campaign(conn, campaign_id, force=force)
+
     def campaign(self, campaign_id: int) -> Campaign:
         with self._conn() as conn:
             return campaigns.get_campaign(conn, campaign_id)
@@ -177,14 +196,20 @@ class Senddock:
         with self._conn() as conn:
             return campaigns.all_campaigns(conn)
 
-    def send_campaign(self, campaign_id: int, *, send_at: datetime | None = None) -> EnqueueResult:
+    def send_campaign(self, campaign_id: int, *, send_at: datetime | None = None,
+                      require_unsubscribe: bool = False) -> EnqueueResult:
         """Enqueue the campaign's broadcast, once its templates rendered for a sample of recipients.
 
         With ``send_at`` (timezone-aware) in the future the campaign is ``scheduled``: its jobs are
-        enqueued now and nothing is claimed before then.
+        enqueued now and nothing is claimed before then. With ``require_unsubscribe`` (what `campaign
+        send` does unless given --no-unsubscribe) a config without unsubscribe links is refused:
+        bulk mail without List-Unsubscribe is what Gmail and Yahoo refuse.
         """
         if send_at is not None and send_at.tzinfo is None:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
+        if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.section("unsubscribe"))):
+            raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass --no-unsubscribe to send "
+                               "without (a test list, a relay of your own)")
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
             try:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 _CONTEXT = b"senddock-unsubscribe-v1:"  # a token signed for this purpose can serve no other
 _MAC_BYTES = 16  # 128 bits: far beyond guessing, half the length of a full SHA-256
@@ -60,3 +62,15 @@ def read_token(secret: str, token: str) -> UnsubscribeToken:
 def unsubscribe_url(base_url: str, token: str) -> str:
     """Where `senddock serve` answers: ``{unsubscribe.url}/unsubscribe/{token}``."""
     return f"{base_url.rstrip('/')}/unsubscribe/{token}"
+
+
+def missing_links(section: Mapping[str, Any]) -> str | None:
+    """Why messages sent with this ``unsubscribe`` config section carry no List-Unsubscribe header,
+    or None when they do. Gmail and Yahoo require one-click unsubscribe (RFC 8058) of bulk senders:
+    `campaign send` refuses without it, `check-config` warns."""
+    if section.get("secret") and (section.get("url") or section.get("mailto")):
+        return None
+    return ("no unsubscribe link is configured: messages would go out without a List-Unsubscribe header, "
+            "which Gmail and Yahoo require of bulk senders (one-click, RFC 8058); set unsubscribe.url (the "
+            "public https:// address of `senddock serve`) and unsubscribe.secret (see "
+            "docs/configuration.md#unsubscribe)")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psycopg
 
 from senddock import __version__
-from senddock.cli import addresses, commands, control, engine, events, mail
+from senddock.cli import addresses, commands, control, drafts, engine, events, mail
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
 from senddock.errors import (
@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     command(camp, "ls", commands.campaign_ls, "list campaigns")
     p = command(camp, "send", commands.campaign_send, "enqueue the campaign's broadcast")
     p.add_argument("id", type=_positive_int, metavar="ID")
+    p.add_argument("--no-unsubscribe", action="store_true",
+                   help="send even though no unsubscribe link is configured (no List-Unsubscribe header)")
     p.add_argument("--at", type=_aware_time, metavar="TIME",
                    help="send at this time (ISO 8601 with its zone, e.g. 2026-12-24T09:00:00+01:00); nothing "
                         "is claimed before then")
@@ -131,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_commands(sub, camp, command, _positive_int)
     mail.add_commands(sub, camp, command, _positive_int)
     control.add_commands(camp, command, _positive_int)
+    drafts.add_commands(camp, command, _positive_int)
     supp = sub.add_parser("suppressions", help="the suppression list every campaign respects").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)
     addresses.add_commands(supp, subs, camp, sub, command, _positive_int)

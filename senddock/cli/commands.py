@@ -47,7 +47,10 @@ def check_config(args: argparse.Namespace, out: Output) -> int:
         raise ConfigError(["no config file: pass -c FILE, set SENDDOCK_CONFIG, or create config/senddock.yaml"])
     config = open_config(args)
     shown = config.redacted() if args.show else None
-    payload = {"ok": True, "path": str(path), "errors": []}
+    warnings = config_warnings(config, path)
+    for warning in warnings:
+        out.problem(f"warning: {warning}")
+    payload = {"ok": True, "path": str(path), "errors": [], "warnings": warnings}
     if shown is not None:
         payload["config"] = shown
 
@@ -60,6 +63,16 @@ def check_config(args: argparse.Namespace, out: Output) -> int:
 
     out.result(payload, human)
     return EXIT_OK
+
+
+def config_warnings(config: Config, path: Path) -> list[str]:
+    """What a valid config will do that its author probably does not want, as ``FILE::$.path: why``."""
+    from senddock.unsubscribe import missing_links
+
+    missing = missing_links(config.section("unsubscribe"))
+    if missing is None:
+        return []
+    return [f"{path}::$.unsubscribe: {missing}; `campaign send` refuses without it unless given --no-unsubscribe"]
 
 
 def plugins(args: argparse.Namespace, out: Output) -> int:
@@ -198,7 +211,7 @@ def campaign_ls(args: argparse.Namespace, out: Output) -> int:
 
 def campaign_send(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
-        result = sd.send_campaign(args.id, send_at=args.at)
+        result = sd.send_campaign(args.id, send_at=args.at, require_unsubscribe=not args.no_unsubscribe)
     when = f", scheduled for {args.at.isoformat()}" if args.at else ""
     out.result(
         {**{k: getattr(result, k) for k in ("campaign_id", "broadcast_id", "enqueued", "skipped",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -115,6 +115,41 @@ class CampaignEvent:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class CampaignDraft:
+    """A campaign's content as the operator gives it: what `campaign create` and `campaign edit` check."""
+
+    name: str
+    lists: tuple[str, ...]
+    subject: str
+    from_addr: str
+    reply_to: str | None = None
+    text_body: str | None = None
+    html_body: str | None = None
+
+
+def check_draft(conn: psycopg.Connection, draft: CampaignDraft, *,
+                unsubscribe_configured: bool) -> tuple[CampaignDraft, list[int]]:
+    """Every check a campaign's content must pass, the same at create and at edit: one function,
+    so a check added here holds for both. Returns the draft normalised (name trimmed, addresses as
+    they will be stored) and the ids of its lists; raises InvalidInput / NotFound naming the option.
+    """
+    if not draft.name.strip():
+        raise InvalidInput("--name: a campaign needs a name")
+    if not draft.subject.strip():
+        raise InvalidInput("--subject: a campaign needs a subject")
+    if not draft.lists:
+        raise InvalidInput("--list: a campaign needs at least one list")
+    if draft.text_body is None and draft.html_body is None:
+        raise InvalidInput("a campaign needs a body: give --text FILE and/or --html FILE")
+    from_addr = check_mailbox(draft.from_addr, what="--from")
+    reply_to = check_mailbox(draft.reply_to, what="--reply-to") if draft.reply_to else None
+    check_content(draft.subject, draft.text_body, draft.html_body, unsubscribe_configured=unsubscribe_configured)
+    list_ids = [get_list(conn, list_name).id for list_name in draft.lists]
+    return replace(draft, name=draft.name.strip(), from_addr=from_addr, reply_to=reply_to,
+                   lists=tuple(dict.fromkeys(draft.lists))), list_ids
+
+
 def create_campaign(
     conn: psycopg.Connection,
     *,
@@ -128,28 +163,19 @@ def create_campaign(
     unsubscribe_configured: bool = False,
 ) -> int:
     """``unsubscribe_configured``: the config has an unsubscribe link to offer (see check_content)."""
-    if not name.strip():
-        raise InvalidInput("--name: a campaign needs a name")
-    if not subject.strip():
-        raise InvalidInput("--subject: a campaign needs a subject")
-    if not lists:
-        raise InvalidInput("--list: a campaign needs at least one list")
-    if text_body is None and html_body is None:
-        raise InvalidInput("a campaign needs a body: give --text FILE and/or --html FILE")
-    from_addr = check_mailbox(from_addr, what="--from")
-    reply_to = check_mailbox(reply_to, what="--reply-to") if reply_to else None
-    check_content(subject, text_body, html_body, unsubscribe_configured=unsubscribe_configured)
     with conn.transaction():
-        list_ids = [get_list(conn, list_name).id for list_name in lists]
+        draft, list_ids = check_draft(conn, CampaignDraft(
+            name=name, lists=tuple(lists), subject=subject, from_addr=from_addr, reply_to=reply_to,
+            text_body=text_body, html_body=html_body), unsubscribe_configured=unsubscribe_configured)
         campaign_id = conn.execute(
             query("campaign_create"),
             {
-                "name": name.strip(),
-                "subject": subject,
-                "from_addr": from_addr,
-                "reply_to": reply_to,
-                "text_body": text_body,
-                "html_body": html_body,
+                "name": draft.name,
+                "subject": draft.subject,
+                "from_addr": draft.from_addr,
+                "reply_to": draft.reply_to,
+                "text_body": draft.text_body,
+                "html_body": draft.html_body,
             },
         ).fetchone()[0]
         for list_id in list_ids:

@@ -93,7 +93,8 @@ def test_the_operators_own_pause_is_no_warning_and_resume_and_finish_are_recorde
 
 
 def test_history_of_an_unknown_campaign_is_one_clear_line(cli, make_config):
-    make_config()
-    result = cli("campaign", "history", 999)
+    # -c: without it the CLI would read the repository's config/senddock.yaml (the cwd's), which
+    # needs SENDDOCK_UNSUBSCRIBE_SECRET; this test is about the unknown id.
+    result = cli("campaign", "history", 999, "-c", make_config().path)
     assert result.exit_code == 1
     assert "no campaign with id 999" in result.stderr and "Traceback" not in result.stderr

@@ -58,7 +58,7 @@ def test_check_config_show_masks_secrets(cli, tmp_path: Path, monkeypatch):
 
 def test_the_whole_flow_in_json(cli, config_file: Path, tmp_path: Path):
     campaign_id = make_campaign(cli, config_file, tmp_path, rows=4)
-    sent = cli("campaign", "send", campaign_id, "-c", config_file, "--json")
+    sent = cli("campaign", "send", campaign_id, "--no-unsubscribe", "-c", config_file, "--json")
     assert sent.exit_code == 0
     assert set(sent.json) >= {"campaign_id", "broadcast_id", "enqueued", "skipped"}
     assert (sent.json["campaign_id"], sent.json["enqueued"], sent.json["skipped"]) == (campaign_id, 4, 0)
@@ -75,7 +75,7 @@ def test_the_whole_flow_in_json(cli, config_file: Path, tmp_path: Path):
 
 def test_human_output(cli, config_file: Path, tmp_path: Path):
     campaign_id = make_campaign(cli, config_file, tmp_path)
-    sent = cli("campaign", "send", campaign_id, "-c", config_file)
+    sent = cli("campaign", "send", campaign_id, "--no-unsubscribe", "-c", config_file)
     assert sent.stdout.startswith(f"campaign {campaign_id}: broadcast ")
     assert "enqueued 3 recipients, skipped 0" in sent.stdout
     status = cli("campaign", "status", campaign_id, "-c", config_file)

@@ -68,7 +68,7 @@ def test_unsubscribe_blocklist_and_show(cli, config_file, tmp_path):
     statuses = {r["email"]: r["status"] for r in cli("subscribers", "ls", "--list", "news", "-c", config_file,
                                                       "--json").json["subscribers"]}
     assert statuses == {"p0@example.com": "unsubscribed", "p1@example.com": "blocklisted", "p2@example.com": "active"}
-    sent = cli("campaign", "send", str(campaign), "-c", config_file, "--json").json
+    sent = cli("campaign", "send", str(campaign), "--no-unsubscribe", "-c", config_file, "--json").json
     assert (sent["enqueued"], sent["skipped"]) == (1, 2)
     assert cli("subscribers", "ls", "--list", "nope", "-c", config_file).exit_code == 1
 
@@ -76,7 +76,7 @@ def test_unsubscribe_blocklist_and_show(cli, config_file, tmp_path):
 def test_campaign_log_and_nodes(cli, config_file, tmp_path, smtp_sink, database_dsn):
     smtp_sink.handler.rules = [FailRule.parse("p1@*=550 5.1.1 no such user")]
     campaign = make_campaign(cli, config_file, tmp_path, rows=3)
-    assert cli("campaign", "send", str(campaign), "-c", config_file).exit_code == 0
+    assert cli("campaign", "send", str(campaign), "--no-unsubscribe", "-c", config_file).exit_code == 0
     assert cli("run", "--exit-when-idle", "-c", config_file).exit_code == 0
     log = cli("campaign", "log", str(campaign), "-c", config_file, "--json").json["attempts"]
     assert sorted((r["email"], r["outcome"], r["code"]) for r in log) == [

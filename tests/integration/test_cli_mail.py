@@ -40,7 +40,7 @@ def test_send_refuses_a_campaign_whose_template_fails_for_its_recipients(cli, co
     body.write_text("Seats with you: {{ subscriber.attributes.seats + 1 }}", encoding="utf-8")
     campaign = cli("campaign", "create", "--name", "x", "--list", "news", "--subject", "Hi",
                    "--from", "a@example.com", "--text", body, "-c", config_file, "--json").json["id"]
-    result = cli("campaign", "send", str(campaign), "-c", config_file, "--json")
+    result = cli("campaign", "send", str(campaign), "--no-unsubscribe", "-c", config_file, "--json")
     assert result.exit_code == 1
     assert ("does not render for subscriber 1 (ada@example.com): text, line 1: TypeError: can only concatenate str"
             in result.json["error"])

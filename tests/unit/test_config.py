@@ -9,6 +9,7 @@ import yaml
 
 from senddock.config import find_config_path, load_config
 from senddock.errors import ConfigError
+from senddock.unsubscribe import missing_links
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,11 +27,23 @@ def errors_of(path: Path, environ: dict[str, str] | None = None) -> list[str]:
 
 
 def test_shipped_config_is_valid_and_uses_the_embedded_database_and_local_smtp():
-    config = load_config(REPO / "config" / "senddock.yaml", environ={})
+    secret = "a-newcomer-made-this-one-32-chars"
+    config = load_config(REPO / "config" / "senddock.yaml", environ={"SENDDOCK_UNSUBSCRIBE_SECRET": secret})
     assert config.database.dsn is None
     assert config.database.embedded_path == (REPO / ".senddock" / "pgdata").resolve()
     assert config.transport == "smtp"
     assert (config.section("smtp")["host"], config.section("smtp")["port"]) == ("127.0.0.1", 1025)
+    # Unsubscribe links point at `senddock serve` on this machine, signed with the secret from the
+    # environment: `campaign send` has what it requires, and no secret is written in the file.
+    unsubscribe = config.section("unsubscribe")
+    assert (unsubscribe["url"], unsubscribe["secret"]) == (f"http://127.0.0.1:{config.section('serve')['port']}", secret)
+    assert missing_links(unsubscribe) is None
+
+
+def test_shipped_config_names_the_unsubscribe_secret_it_needs():
+    assert errors_of(REPO / "config" / "senddock.yaml") == [
+        f"{REPO / 'config' / 'senddock.yaml'}::$.unsubscribe.secret: environment variable SENDDOCK_UNSUBSCRIBE_SECRET "
+        "is not set"]
 
 
 def test_defaults():

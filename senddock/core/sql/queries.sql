@@ -136,6 +136,84 @@ ORDER BY c.id;
 -- name: campaign_lock
 SELECT id, status, broadcast_id FROM campaigns WHERE id = %(campaign_id)s FOR UPDATE;
 
+-- name: campaign_update_content
+-- `campaign edit`: only a draft (the row is locked by campaign_lock first, so a concurrent
+-- `campaign send` either sent it before, and this changes nothing, or waits for this to commit).
+UPDATE campaigns
+   SET name = %(name)s, subject = %(subject)s, from_addr = %(from_addr)s, reply_to = %(reply_to)s,
+       text_body = %(text_body)s, html_body = %(html_body)s, updated_at = now()
+ WHERE id = %(campaign_id)s AND status = 'draft'
+RETURNING id;
+
+-- name: campaign_lists_clear
+DELETE FROM campaign_lists WHERE campaign_id = %(campaign_id)s;
+
+-- name: campaign_clone
+-- A new draft with the content and lists of any campaign (a sent one too: to send a fixed version).
+WITH source AS (
+    SELECT id, name, subject, from_addr, reply_to, text_body, html_body FROM campaigns WHERE id = %(campaign_id)s
+), created AS (
+    INSERT INTO campaigns (name, subject, from_addr, reply_to, text_body, html_body)
+    SELECT coalesce(%(name)s, name || ' (copy)'), subject, from_addr, reply_to, text_body, html_body FROM source
+    RETURNING id
+), linked AS (
+    INSERT INTO campaign_lists (campaign_id, list_id)
+    SELECT c.id, cl.list_id FROM created c, campaign_lists cl WHERE cl.campaign_id = %(campaign_id)s
+)
+SELECT id FROM created;
+
+-- name: campaign_delete_counts
+-- What deleting a campaign would remove (and keep), read under its row lock. Bounces not yet
+-- applied (a pending bounce's hooks, a suppressing provider event whose hooks failed) would lose
+-- their suppression with their job: the delete waits for them.
+SELECT (SELECT count(*) FROM campaign_lists WHERE campaign_id = %(campaign_id)s) AS lists,
+       (SELECT count(*) FROM broadcast_jobs WHERE broadcast_id = %(broadcast_id)s) AS jobs,
+       (SELECT count(*) FROM broadcast_jobs WHERE broadcast_id = %(broadcast_id)s AND status = 'sent') AS sent,
+       (SELECT count(*) FROM broadcast_jobs WHERE broadcast_id = %(broadcast_id)s AND status = 'sending') AS in_flight,
+       (SELECT count(*) FROM delivery_attempts WHERE broadcast_id = %(broadcast_id)s) AS delivery_attempts,
+       (SELECT count(*) FROM delivery_events WHERE broadcast_id = %(broadcast_id)s) AS delivery_events,
+       (SELECT count(*) FROM pending_bounces WHERE broadcast_id = %(broadcast_id)s)
+       + (SELECT count(*) FROM delivery_events
+           WHERE broadcast_id = %(broadcast_id)s AND suppresses AND NOT hooks_done) AS unapplied_bounces,
+       (SELECT count(*) FROM suppressions WHERE source_broadcast_id = %(broadcast_id)s) AS suppressions_kept;
+
+-- name: campaign_delete
+-- One statement: the campaign, its list links and status history, its broadcast and everything keyed by the broadcast
+-- (no foreign keys on the queue's tables, so nothing else would remove them). The foreign keys
+-- between campaigns and broadcasts point both ways; both rows go in this statement, and the checks
+-- run at its end. Suppressions its bounces made are kept: they protect the list, whatever became
+-- of the campaign. in_flight counts deleted jobs that were being sent (re-read after any claim
+-- that held them committed): the caller rolls back when it is not 0.
+WITH lists AS (
+    DELETE FROM campaign_lists WHERE campaign_id = %(campaign_id)s RETURNING 1
+), jobs AS (
+    DELETE FROM broadcast_jobs WHERE broadcast_id = %(broadcast_id)s RETURNING status
+), attempts AS (
+    DELETE FROM delivery_attempts WHERE broadcast_id = %(broadcast_id)s RETURNING 1
+), events AS (
+    DELETE FROM delivery_events WHERE broadcast_id = %(broadcast_id)s RETURNING 1
+), floors AS (
+    DELETE FROM claim_floors WHERE broadcast_id = %(broadcast_id)s RETURNING 1
+), putbacks AS (
+    DELETE FROM claim_putbacks WHERE broadcast_id = %(broadcast_id)s RETURNING 1
+), history AS (
+    -- Would go by ON DELETE CASCADE too; deleted here to be counted.
+    DELETE FROM campaign_events WHERE campaign_id = %(campaign_id)s RETURNING 1
+), broadcast AS (
+    DELETE FROM broadcasts WHERE id = %(broadcast_id)s RETURNING 1
+), campaign AS (
+    DELETE FROM campaigns WHERE id = %(campaign_id)s RETURNING 1
+)
+SELECT (SELECT count(*) FROM campaign) AS campaigns,
+       (SELECT count(*) FROM lists) AS lists,
+       (SELECT count(*) FROM broadcast) AS broadcasts,
+       (SELECT count(*) FROM jobs) AS jobs,
+       (SELECT count(*) FROM jobs WHERE status = 'sending') AS in_flight,
+       (SELECT count(*) FROM attempts) AS delivery_attempts,
+       (SELECT count(*) FROM events) AS delivery_events,
+       (SELECT count(*) FROM floors) + (SELECT count(*) FROM putbacks) AS claim_floors,
+       (SELECT count(*) FROM history) AS campaign_events;
+
 -- name: campaign_list_ids
 SELECT list_id FROM campaign_lists WHERE campaign_id = %(campaign_id)s;
 
