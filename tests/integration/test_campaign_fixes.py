@@ -105,18 +105,17 @@ def test_edit_checks_the_new_content_as_create_does(app, run_senddock, config_pa
     assert created.exit_code == 1 and message in created.stderr
 
 
-def test_create_and_edit_share_one_check(app, monkeypatch):
-    """A check added to check_draft (a template-variable check, say) holds for create and edit alike."""
+def test_create_and_edit_share_one_check(app, run_senddock, config_path, tmp_path):
+    """The template-variable check of create holds for edit too: one function, check_draft."""
     cid = draft(app)
-
-    def refuse(conn, content):
-        raise InvalidInput(f"--subject: refused {content.subject!r}")
-
-    monkeypatch.setattr(core_campaigns, "check_draft", refuse)
-    with pytest.raises(InvalidInput, match="refused 'New'"):
-        draft(app, subject="New")
-    with pytest.raises(InvalidInput, match="refused 'Edited'"):
-        app.edit_campaign(cid, subject="Edited")
+    body = tmp_path / "guess.txt"
+    body.write_text("Hello {{ name }}\n", encoding="utf-8")
+    with pytest.raises(InvalidInput, match=r"'name' is not a variable \(did you mean subscriber.name\?\)"):
+        draft(app, text_body=body.read_text(encoding="utf-8"))
+    refused = run_senddock("campaign", "edit", cid, "--text", body, "-c", config_path)
+    assert refused.exit_code == 1, refused
+    assert "--text, line 1: 'name' is not a variable (did you mean subscriber.name?)" in refused.stderr
+    assert app.campaign(cid).text_body != body.read_text(encoding="utf-8")  # nothing changed
 
 
 def test_edit_without_options_is_a_usage_error(app, run_senddock, config_path):
