@@ -24,11 +24,19 @@ def errors_of(path: Path, environ: dict[str, str] | None = None) -> list[str]:
 
 
 def test_shipped_config_is_valid_and_uses_the_embedded_database_and_local_smtp():
-    config = load_config(REPO / "config" / "senddock.yaml", environ={})
+    config = load_config(REPO / "config" / "senddock.yaml", environ={"SENDDOCK_UNSUBSCRIBE_SECRET": "s" * 32})
     assert config.database.dsn is None
     assert config.database.embedded_path == (REPO / ".senddock" / "pgdata").resolve()
     assert config.transport == "smtp"
     assert (config.section("smtp")["host"], config.section("smtp")["port"]) == ("127.0.0.1", 1025)
+
+
+def test_shipped_config_takes_the_unsubscribe_secret_from_the_environment():
+    # README's walk-through exports it first; without it every command says which variable is missing.
+    assert errors_of(REPO / "config" / "senddock.yaml") == [
+        f"{REPO / 'config' / 'senddock.yaml'}::$.unsubscribe.secret: environment variable SENDDOCK_UNSUBSCRIBE_SECRET is not set"]
+    config = load_config(REPO / "config" / "senddock.yaml", environ={"SENDDOCK_UNSUBSCRIBE_SECRET": "s" * 32})
+    assert config.section("unsubscribe")["url"] == "http://127.0.0.1:8025"
 
 
 def test_defaults():
