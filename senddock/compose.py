@@ -135,7 +135,7 @@ class Composer:
         headers = {
             "List-Id": prepared.list_id,
             # Gmail's feedback loop groups complaints by these fields.
-            "Feedback-ID": f"{campaign.campaign_id}:{broadcast_id}:senddock:{prepared.domain}",
+            "Feedback-ID": f"{campaign.campaign_id}:{broadcast_id}:senddock:{mime.ascii_domain(prepared.domain)}",
             # Lets bounces and complaints that quote the message be matched back to the job.
             "X-Senddock-Job": f"{broadcast_id}.{job_id}",
         }

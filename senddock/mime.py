@@ -1,23 +1,31 @@
 """Build the MIME message of a job: shared by every transport, so switching transports changes
 nothing the recipient sees. Plugins may import this module (it is not part of the engine).
 
-The standard library's ``email`` package with ``policy.SMTP`` does the encoding: RFC 2047 for
-non-ASCII headers and display names, quoted-printable or base64 UTF-8 bodies, CRLF line ends.
+The standard library's ``email`` package builds the structure; its header folding is replaced by
+:mod:`senddock.headerfold` (encoded-words of at most 75 characters, structured headers such as
+List-Unsubscribe never encoded), and the text parts are encoded here, 7-bit clean. Every byte of
+the message is ASCII, so it needs no ``BODY=8BITMIME`` (RFC 6152) and no relay ever has to convert
+it: a conversion would change the body under the DKIM body hash.
 Internationalised domains are written in their IDNA (xn--) form, which every relay accepts;
 non-ASCII local parts would need SMTPUTF8 (RFC 6531), which the SMTP transport refuses per job.
 """
 
 from __future__ import annotations
 
+import binascii
 import re
 import uuid
 from collections.abc import Collection
+from email import base64mime
 from email.headerregistry import Address
 from email.message import EmailMessage
-from email.policy import SMTP
 from email.utils import format_datetime, getaddresses, localtime
 
+from senddock.headerfold import POLICY
 from senddock.outcome import Message
+
+BODY_LINE = 76  # RFC 2045 6.7, 6.8: quoted-printable and base64 lines are at most 76 characters
+_EIGHT_BIT = bytes(range(0x80, 0x100))
 
 
 def message_id_for(broadcast_id: int, job_id: int, domain: str) -> str:
@@ -95,7 +103,7 @@ def _from_header(from_addr: str) -> Address | str:
 def build_email(message: Message, *, message_id_domain: str | None = None) -> EmailMessage:
     """The message as an EmailMessage (not yet signed: see :func:`message_bytes`)."""
     campaign, content, recipient = message.campaign, message.content, message.recipient
-    email = EmailMessage(policy=SMTP)
+    email = EmailMessage(policy=POLICY)
     email["From"] = _from_header(campaign.from_addr)
     email["To"] = _mailbox(recipient.name, recipient.email)
     if campaign.reply_to:
@@ -109,13 +117,41 @@ def build_email(message: Message, *, message_id_domain: str | None = None) -> Em
     )
     for name, value in message.headers.items():
         email[name] = value
-    if content.text_body is not None:
-        email.set_content(content.text_body)
-        if content.html_body is not None:
-            email.add_alternative(content.html_body, subtype="html")
+    email["MIME-Version"] = "1.0"
+    parts = [(body, subtype) for body, subtype in ((content.text_body, "plain"), (content.html_body, "html"))
+             if body is not None] or [("", "html")]
+    if len(parts) == 1:
+        _set_text(email, *parts[0])
     else:
-        email.set_content(content.html_body or "", subtype="html")
+        email.make_alternative()
+        for body, subtype in parts:
+            part = EmailMessage(policy=POLICY)
+            _set_text(part, body, subtype)
+            email.attach(part)
     return email
+
+
+def _set_text(part: EmailMessage, text: str, subtype: str) -> None:
+    """UTF-8 text in a 7-bit transfer encoding, whichever is the shorter for this text.
+
+    7bit when it is ASCII in short lines; quoted-printable while at most one byte in six is
+    8-bit (mostly-Latin text: QP costs 3 characters for such a byte, base64 4/3 for every
+    byte); base64 otherwise (Cyrillic, Greek, CJK, emoji-heavy text). The text decodes back
+    exactly, its line breaks as CRLF and ending with one (RFC 2045 canonical text).
+    """
+    data = b"\n".join(text.encode("utf-8").splitlines()) + b"\n"
+    eight_bit = len(data) - len(data.translate(None, _EIGHT_BIT))
+    if not eight_bit and max(map(len, data.split(b"\n"))) <= POLICY.max_line_length:
+        cte, payload = "7bit", data.decode("ascii")
+    elif 5 * eight_bit <= len(data) - eight_bit:
+        # binascii's (C) encoder: lines of at most 76, trailing whitespace and a lone "." encoded.
+        cte, payload = "quoted-printable", binascii.b2a_qp(data, istext=True).decode("ascii")
+    else:
+        cte = "base64"  # of the canonical form, CRLF line breaks (RFC 2045 6.8)
+        payload = base64mime.body_encode(data.replace(b"\n", b"\r\n"), maxlinelen=BODY_LINE, eol="\n")
+    part["Content-Type"] = f'text/{subtype}; charset="utf-8"'
+    part["Content-Transfer-Encoding"] = cte
+    part.set_payload(payload)
 
 
 def message_bytes(message: Message, *, message_id_domain: str | None = None,
