@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import psycopg
 
 from senddock import __version__
-from senddock.cli import addresses, commands, control, drafts, engine, events, mail
+from senddock.cli import addresses, argtypes, commands, control, drafts, engine, events, mail
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
 from senddock.errors import (
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=_positive_int, metavar="ID")
     p.add_argument("--watch", action="store_true",
                    help="follow it until it is finished, paused or cancelled (a live view on a terminal)")
-    p.add_argument("--interval", type=float, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
+    p.add_argument("--interval", type=argtypes.refresh_interval, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
     engine.add_commands(sub, camp, command, _positive_int)
     mail.add_commands(sub, camp, command, _positive_int)
     control.add_commands(camp, command, _positive_int)

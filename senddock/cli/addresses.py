@@ -144,7 +144,10 @@ def suppressions_import(args: argparse.Namespace, out: Output) -> int:
 def suppressions_export(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         rows = sd.suppressions_list()
-    stream = sys.stdout if args.file == "-" else open(args.file, "w", encoding="utf-8", newline="")  # noqa: SIM115
+    try:
+        stream = sys.stdout if args.file == "-" else open(args.file, "w", encoding="utf-8", newline="")  # noqa: SIM115
+    except OSError as exc:
+        raise InvalidInput(f"{args.file}: cannot write: {exc.strerror}") from None
     try:
         writer = csv.writer(stream)
         writer.writerow(EXPORT_COLUMNS)

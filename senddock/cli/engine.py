@@ -9,6 +9,7 @@ from pathlib import Path
 
 import structlog
 
+from senddock.cli import argtypes
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output
 from senddock.core.runner import Runner
@@ -120,13 +121,13 @@ def add_commands(sub, camp, command, positive_int) -> None:
     p.add_argument("--crash", action="store_true", help="kill -9 the sending process mid-broadcast and restart it")
 
     p = command(sub, "run", run, "send: drain due jobs with worker threads until stopped")
-    p.add_argument("--workers", type=int, metavar="N", help="worker threads (default: config workers)")
-    p.add_argument("--node", metavar="NAME", help="stable node name (default: config node.name, then host name)")
+    p.add_argument("--workers", type=argtypes.worker_count, metavar="N", help="worker threads (default: config workers)")
+    p.add_argument("--node", type=argtypes.node_name, metavar="NAME", help="stable node name (default: config node.name, then host name)")
     p.add_argument("--exit-when-idle", action="store_true", help="exit once nothing is due or in flight")
 
     p = command(sub, "sink", sink, "a development SMTP server that prints (and can save) what it receives")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=1025)
+    p.add_argument("--port", type=argtypes.port, default=1025)
     p.add_argument("--save", metavar="DIR", help="save each message as an .eml file")
     p.add_argument("--delay", type=_duration, default=0.0, metavar="DURATION",
                    help="wait this long before accepting each message, as a real relay does (e.g. 50ms)")

@@ -13,6 +13,7 @@ from email.policy import default as default_policy
 import structlog
 
 from senddock.addresses import check_address
+from senddock.cli import argtypes
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
@@ -35,7 +36,7 @@ def add_commands(sub, camp, command, positive_int) -> None:
 
     p = command(sub, "serve", serve, "answer unsubscribe links (RFC 8058 one-click) over HTTP")
     p.add_argument("--host", help="default: serve.host (127.0.0.1)")
-    p.add_argument("--port", type=int, help="default: serve.port (8025)")
+    p.add_argument("--port", type=argtypes.port, help="default: serve.port (8025)")
 
 
 def _parts(data: bytes) -> tuple[dict[str, str], list[dict[str, str]]]:

@@ -338,6 +338,9 @@ def pause_warning(campaign: Campaign) -> str | None:
         todo = (f"too many recipients bounced: read `senddock campaign log {cid} --outcome bounce`; if the "
                 f"bounces are real, `senddock campaign resume {cid}`; if the relay lied, `senddock campaign "
                 f"unsuppress {cid} --since-pause` first")
+    elif reason.startswith("template_error"):
+        todo = (f"a recipient's data does not render (their job waits in line, nothing failed): correct it "
+                f"(`senddock subscribers import` the fixed rows), then `senddock campaign resume {cid}`")
     else:
         todo = (f"fix the cause, put back what failed for it with `senddock campaign requeue {cid} --reason "
                 f"REASON`, then `senddock campaign resume {cid}`")

@@ -95,6 +95,9 @@ def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(
         jobs = jobs_by_email(app, campaign_id)
         assert jobs["user25@example.com"] == ("pending", None, 0)  # back in line, no attempt used up
         assert not [e for e, (s, _, _) in jobs.items() if s == "failed"]
+        warning = app.campaign_status(campaign_id).warning  # loud, with what to do
+        assert warning.startswith("senddock paused this campaign: template_error: text, line 2")
+        assert "does not render" in warning and f"senddock campaign resume {campaign_id}" in warning
         if fix == "data":
             app.add_subscriber("user25@example.com", attributes={"n": 25}, lists=["news"])
         else:  # what `campaign edit` of a paused campaign would do; the node has the old one cached
