@@ -101,7 +101,8 @@ def demo(args: argparse.Namespace, out: Output) -> int:
         ]
         if summary["crashed"]:
             lines.append(f"  in doubt    {summary['in_doubt']} (their send may have begun when the process died; "
-                         f"{summary['duplicates_explained_by_in_doubt']} of the duplicates are among them)")
+                         f"duplicates among them: {summary['duplicates_explained_by_in_doubt']} of "
+                         f"{summary['duplicates']})")
         return "\n".join(lines)
 
     out.result(summary, human)

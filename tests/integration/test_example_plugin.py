@@ -29,9 +29,10 @@ def installed(tmp_path_factory) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
 
 
-def test_senddock_finds_the_installed_plugins_through_their_entry_points(installed):
+def test_senddock_finds_the_installed_plugins_through_their_entry_points(installed, tmp_path):
+    # In an empty folder: the repository's own config/senddock.yaml (which needs a secret) is not read.
     result = subprocess.run([senddock_executable(), "plugins", "--json"], env=installed, capture_output=True,
-                            text=True, check=True)
+                            text=True, check=True, cwd=tmp_path)
     plugins = json.loads(result.stdout)
     names = {p["name"]: p for p in plugins["plugins"]}
     assert names["maildir"]["origin"] == "entry point (senddock-maildir)" and "send_message" in names["maildir"]["hooks"]
