@@ -23,7 +23,7 @@ from senddock_ses_like import events as _events
 
 # The transport and its classifier import boto3 (~0.1 s): loaded by the hooks that send or read a
 # send's result, never by registering the plugin (every senddock command does that).
-TRANSPORT = "ses_like"  # senddock_ses_like.transport.TRANSPORT
+TRANSPORT = "ses_like"
 
 CONFIG_SCHEMA: Mapping[str, Any] = {
     "type": "object",
