@@ -15,11 +15,10 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from senddock import mime, unsubscribe
 from senddock.addresses import check_address
-from senddock.compose import BadRecipient, Composer, UnsubscribeSettings
 from senddock.config import Config, load_config
 from senddock.core import campaigns, drafts, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
@@ -41,7 +40,11 @@ from senddock.outcome import (
     Recipient,
     SendResult,
 )
-from senddock.templates import TemplateError
+
+# Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
+# methods that use them: a status query or a list must not load them (see bench/cli_latency.py).
+if TYPE_CHECKING:
+    from senddock.compose import Composer
 
 __all__ = [
     "Senddock",
@@ -167,6 +170,8 @@ class Senddock:
             )
 
     def _unsubscribe_configured(self) -> bool:
+        from senddock.compose import UnsubscribeSettings
+
         return UnsubscribeSettings.from_config(self.config).configured
 
     def edit_campaign(self, campaign_id: int, **changes: Any) -> drafts.Edited:
@@ -205,6 +210,9 @@ class Senddock:
         send` does unless given --no-unsubscribe) a config without unsubscribe links is refused:
         bulk mail without List-Unsubscribe is what Gmail and Yahoo refuse.
         """
+        from senddock.compose import BadRecipient
+        from senddock.templates import TemplateError
+
         if send_at is not None and send_at.tzinfo is None:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
         if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.section("unsubscribe"))):
@@ -257,12 +265,16 @@ class Senddock:
     @property
     def composer(self) -> Composer:
         if self._composer is None:
+            from senddock.compose import Composer
+
             self._composer = Composer(self.config)
         return self._composer
 
     def preview(self, campaign_id: int, *, email: str | None = None) -> tuple[Message, bytes]:
         """The campaign's message, rendered and signed for one subscriber (by default the first one
         the campaign reaches), exactly as a worker would build it."""
+        from senddock.templates import TemplateError
+
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
             recipient = self._sample_subscriber(conn, campaign_id, email)

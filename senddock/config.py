@@ -13,11 +13,11 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import pluggy
 import yaml
 
@@ -36,18 +36,33 @@ _ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}
 _DEFERRED_VALIDATORS = {"type", "enum", "const", "duration", "size", "pattern", "minLength", "maxLength", "anyOf", "oneOf"}
 
 
+# jsonschema takes ~50 ms to import: loaded by the first load_config, not by importing this module
+# (the CLI imports it to parse argv, and `senddock --help` loads no config).
+if TYPE_CHECKING:
+    import jsonschema
+
+
 def _duration_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapping) -> Iterator[Any]:
     if enabled and isinstance(instance, str) and not is_duration(instance):
-        yield jsonschema.ValidationError(f"{instance!r} is not a duration (e.g. 30s, 2m, 1h30m)")
+        from jsonschema import ValidationError
+
+        yield ValidationError(f"{instance!r} is not a duration (e.g. 30s, 2m, 1h30m)")
 
 
 def _size_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapping) -> Iterator[Any]:
     if enabled and isinstance(instance, (str, int)) and not is_size(instance):
-        yield jsonschema.ValidationError(f"{instance!r} is not a size (e.g. 256KiB, 1MiB, or a number of bytes)")
+        from jsonschema import ValidationError
+
+        yield ValidationError(f"{instance!r} is not a size (e.g. 256KiB, 1MiB, or a number of bytes)")
 
 
-Validator = jsonschema.validators.extend(
-    jsonschema.Draft202012Validator, {"duration": _duration_keyword, "size": _size_keyword})
+@cache
+def _validator_class() -> Any:
+    """Draft 2020-12 with senddock's ``duration`` and ``size`` keywords."""
+    import jsonschema
+
+    return jsonschema.validators.extend(
+        jsonschema.Draft202012Validator, {"duration": _duration_keyword, "size": _size_keyword})
 
 
 def base_schema() -> dict[str, Any]:
@@ -239,7 +254,7 @@ def load_config(
             errors.append(f"{label}::$.{section}: a plugin's schema tries to redefine a core section")
             continue
         schema["properties"][section] = {"default": {}, **section_schema}
-    validator = Validator(schema)
+    validator = _validator_class()(schema)
 
     # 1. As written: a value such as ${SMTP_PORT} stands in for whatever the environment gives.
     problems = [_describe(e) for e in _errors(validator, raw) if not _is_deferred(e)]

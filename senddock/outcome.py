@@ -256,6 +256,11 @@ class EventError(ValueError):
     """A notification a parser recognises as its provider's but cannot read; the message says why."""
 
 
+# Why an address is suppressed: the ``reason`` of :meth:`SuppressionList.add`. Here, not in the
+# engine's suppression module, so the CLI can offer them as choices without importing the engine.
+SUPPRESSION_REASONS = ("bounced", "complained", "unsubscribed", "manual")
+
+
 class SuppressionList(Protocol):
     """What ``on_bounced`` implementations get to record a suppression (the engine provides it)."""
 

@@ -54,7 +54,8 @@ def build_plugin_manager(
         pm.set_blocked(name)
 
     _register(build, DEFAULTS_NAME, defaults, "built-in")
-    for ep in _entry_points():
+    entry_points = _entry_points()  # scans every installed distribution's metadata: once per build
+    for ep in entry_points:
         if pm.is_blocked(ep.name) or pm.get_plugin(ep.name) is not None:
             continue
         try:
@@ -78,7 +79,7 @@ def build_plugin_manager(
     for name, plugin in extra:
         _register(build, name, plugin, "registered by the application")
 
-    known = set(build.origins) | {ep.name for ep in _entry_points()} | set(load)
+    known = set(build.origins) | {ep.name for ep in entry_points} | set(load)
     for index, name in enumerate(disable):
         if name not in known:
             build.errors.append(

@@ -43,6 +43,33 @@ def senddock_executable() -> str:
     return str(candidate) if candidate.exists() else "senddock"
 
 
+# Runs senddock's main() in a fresh interpreter, then writes the modules it imported (as JSON) to
+# the file named by its first argument: the pytest process has imported everything long since.
+_IMPORTS_PROBE = """
+import json, sys
+from senddock.cli import main
+out, argv = sys.argv[1], sys.argv[2:]
+try:
+    code = main(argv)
+except SystemExit as exc:  # --help and --version exit from argparse
+    code = exc.code
+with open(out, "w", encoding="utf-8") as f:
+    json.dump(sorted(sys.modules), f)
+sys.exit(code)
+"""
+
+
+def imports_of(argv, *, cwd: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """The finished ``senddock ARGV`` and the top-level packages it imported (``psycopg``, ``jinja2``...)."""
+    import json
+
+    out = cwd / f"imports-{uuid.uuid4().hex[:8]}.json"
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS_PROBE, str(out), *map(str, argv)], cwd=cwd,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
+    modules = json.loads(out.read_text(encoding="utf-8"))
+    return proc, {name.split(".")[0] for name in modules}
+
+
 def make_broadcast(app, emails, **options) -> int:
     """senddock.testing.send_broadcast (imported late: pytest loads that module as a plugin)."""
     from senddock.testing import send_broadcast

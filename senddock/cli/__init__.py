@@ -10,8 +10,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import psycopg
-
 from senddock import __version__
 from senddock.cli import addresses, argtypes, commands, control, drafts, engine, events, mail
 from senddock.cli.logs import configure_logging, flush_logs
@@ -171,10 +169,15 @@ def _run(args: argparse.Namespace, out: Output) -> int:
     except SenddockError as exc:
         out.error(str(exc), exc.exit_code)
         return exc.exit_code
-    except psycopg.OperationalError as exc:
-        out.error(f"database error: {error_line(exc, dsns=_dsns(args))}", EXIT_USAGE)
-        return EXIT_USAGE
-    except psycopg.Error as exc:
+    except Exception as exc:
+        # psycopg is imported by the commands that reach the database, not here: a database
+        # error can only come from a command that loaded it.
+        psycopg = sys.modules.get("psycopg")
+        if psycopg is None or not isinstance(exc, psycopg.Error):
+            raise
+        if isinstance(exc, psycopg.OperationalError):
+            out.error(f"database error: {error_line(exc, dsns=_dsns(args))}", EXIT_USAGE)
+            return EXIT_USAGE
         out.error(f"database error: {redact_text(str(exc).strip(), _dsns(args))}", EXIT_PROBLEMS)
         return EXIT_PROBLEMS
     except KeyboardInterrupt:

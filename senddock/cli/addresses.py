@@ -9,9 +9,9 @@ import sys
 from senddock.addresses import check_address
 from senddock.cli.commands import open_senddock
 from senddock.cli.output import Output, table
-from senddock.core.suppressions import REASONS
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
+from senddock.outcome import SUPPRESSION_REASONS as REASONS
 
 EXPORT_COLUMNS = ("email", "reason", "code", "diagnostic", "source_broadcast_id", "created_at")
 

@@ -6,17 +6,17 @@ import argparse
 import os
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import structlog
-
-from senddock.api import Senddock
 from senddock.cli.output import Output, table
 from senddock.config import Config, find_config_path, load_config
 from senddock.durations import format_duration
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
-from senddock.plugins import describe
 
-log = structlog.get_logger(__name__)
+# The engine and its libraries (psycopg, Jinja2...) are imported by the commands that use them:
+# `senddock --help` must not pay for them (see tests/unit/test_cli_imports.py).
+if TYPE_CHECKING:
+    from senddock.api import Senddock
 
 
 def open_config(args: argparse.Namespace) -> Config:
@@ -35,6 +35,8 @@ def open_config(args: argparse.Namespace) -> Config:
 
 
 def open_senddock(args: argparse.Namespace) -> Senddock:
+    from senddock.api import Senddock
+
     return Senddock(open_config(args))
 
 
@@ -76,6 +78,8 @@ def config_warnings(config: Config, path: Path) -> list[str]:
 
 
 def plugins(args: argparse.Namespace, out: Output) -> int:
+    from senddock.plugins import describe
+
     config = open_config(args)
     rows = describe(config.plugin_manager, config.plugin_origins)
     for row in rows:

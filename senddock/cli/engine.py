@@ -6,21 +6,21 @@ import argparse
 import signal
 import threading
 from pathlib import Path
-
-import structlog
+from typing import TYPE_CHECKING
 
 from senddock.cli import argtypes
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output
-from senddock.core.runner import Runner
 from senddock.durations import parse_duration
 from senddock.errors import EXIT_OK, UsageError
-from senddock.sink import FailRule, Received, Sink
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    from senddock.sink import Received
 
 
 def run(args: argparse.Namespace, out: Output) -> int:
+    from senddock.core.runner import Runner  # the engine: imported by the command that runs it
+
     config = open_config(args)
     with open_senddock(args) as sd:
         sd.ensure_schema()
@@ -43,6 +43,8 @@ def _stop_on_signals(stop) -> None:
 
 
 def sink(args: argparse.Namespace, out: Output) -> int:
+    from senddock.sink import FailRule, Sink  # aiosmtpd, asyncio: only for the sink
+
     try:
         rules = [FailRule.parse(text) for text in args.fail]
     except ValueError as exc:

@@ -11,7 +11,6 @@ from typing import Any
 
 from senddock.cli.commands import open_senddock
 from senddock.cli.output import Output
-from senddock.core.events import UnknownMessage
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
 
 
@@ -51,6 +50,8 @@ def ingest(args: argparse.Namespace, out: Output) -> int:
             text, label = Path(args.file).read_text(encoding="utf-8"), args.file
         except (OSError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"{args.file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    from senddock.core.events import UnknownMessage
+
     totals = {"documents": 0, "recorded": 0, "already_recorded": 0, "suppressed": 0, "problems": []}
     with open_senddock(args) as sd:
         for where, document in documents(text, label):

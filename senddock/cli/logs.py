@@ -7,8 +7,6 @@ import logging
 import sys
 import threading
 
-import structlog
-
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 FLUSH_INTERVAL = 0.2  # seconds a JSON log line may wait in the buffer
 
@@ -21,6 +19,8 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     than the send's own database work. A kill -9 can lose the last fraction of a second of log
     lines; the delivery log in the database (delivery_attempts) loses nothing.
     """
+    import structlog  # (and rich, which it loads) not before a command runs: `--help` goes without
+
     use_console = fmt == "console" or (fmt == "auto" and sys.stderr.isatty())
     renderer = structlog.dev.ConsoleRenderer() if use_console else structlog.processors.JSONRenderer()
     sink = _CurrentStderr() if use_console else _BufferedStderr.shared()
@@ -45,6 +45,8 @@ class _StdlibBridge(logging.Handler):
     object per line exactly when an incident makes people read it. Passwords are masked."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        import structlog
+
         from senddock.redact import redact_dsn
 
         try:

@@ -7,18 +7,12 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from email import message_from_bytes
-from email.policy import default as default_policy
-
-import structlog
 
 from senddock.addresses import check_address
 from senddock.cli import argtypes
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
-
-log = structlog.get_logger(__name__)
 
 
 def add_commands(sub, camp, command, positive_int) -> None:
@@ -40,6 +34,9 @@ def add_commands(sub, camp, command, positive_int) -> None:
 
 
 def _parts(data: bytes) -> tuple[dict[str, str], list[dict[str, str]]]:
+    from email import message_from_bytes
+    from email.policy import default as default_policy
+
     parsed = message_from_bytes(data, policy=default_policy)
     headers = {name: str(value) for name, value in parsed.items()}
     parts = [{"content_type": part.get_content_type(), "body": part.get_content().replace("\r\n", "\n")}
@@ -122,8 +119,10 @@ def _server_class():
 
 
 def serve(args: argparse.Namespace, out: Output) -> int:
+    import structlog
     import uvicorn
 
+    log = structlog.get_logger(__name__)
     _Server = _server_class()
 
     from senddock.core.db import Database

@@ -7,17 +7,19 @@ raising classifier or backoff plugin falls back to the built-in default, logged.
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 import structlog
 
 from senddock import defaults
-from senddock.compose import BadRecipient
 from senddock.config import Config
 from senddock.core.queue import JobResult
 from senddock.outcome import Classification, Message, Outcome, RetryDecision, SendResult
-from senddock.templates import TemplateError
+
+if TYPE_CHECKING:  # annotations only: rendering (Jinja2, DKIM) is no import of a status query
+    from senddock.compose import BadRecipient
+    from senddock.templates import TemplateError
 
 log = structlog.get_logger(__name__)
 

@@ -9,10 +9,9 @@ from psycopg.rows import dict_row
 from senddock.addresses import check_address
 from senddock.core.db import Database
 from senddock.core.queries import query
+from senddock.outcome import SUPPRESSION_REASONS as REASONS
 
 log = structlog.get_logger(__name__)
-
-REASONS = ("bounced", "complained", "unsubscribed", "manual")
 
 
 class Suppressions:

@@ -7,6 +7,7 @@ Registered through the ``senddock`` entry-point group; uses only the public modu
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -18,11 +19,11 @@ from senddock.outcome import (
     ProviderEvent,
     SendResult,
 )
-from senddock_ses_like import classify as _classify
 from senddock_ses_like import events as _events
-from senddock_ses_like import transport as _transport
 
-TRANSPORT = _transport.TRANSPORT
+# The transport and its classifier import boto3 (~0.1 s): loaded by the hooks that send or read a
+# send's result, never by registering the plugin (every senddock command does that).
+TRANSPORT = "ses_like"
 
 CONFIG_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -61,6 +62,8 @@ def send_message(
 ) -> SendResult | None:
     if transport != TRANSPORT:
         return None
+    from senddock_ses_like import transport as _transport
+
     return _transport.send(message, config.section("ses_like"), worker_state)
 
 
@@ -68,6 +71,8 @@ def send_message(
 def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
     if transport != TRANSPORT:
         return None
+    from senddock_ses_like import transport as _transport
+
     return _transport.probe(config.section("ses_like"))
 
 
@@ -75,6 +80,8 @@ def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
 def classify_result(result: SendResult) -> Classification | None:
     if result.transport != TRANSPORT:
         return None
+    from senddock_ses_like import classify as _classify
+
     return _classify.classify(result)
 
 
@@ -87,4 +94,7 @@ def parse_provider_event(document: Mapping[str, Any]) -> list[ProviderEvent] | N
 
 @hookimpl
 def worker_stopped(worker_state: MutableMapping[str, Any]) -> None:
-    _transport.close(worker_state)
+    # A client exists only if this worker sent through the transport, which loaded the module.
+    _transport = sys.modules.get("senddock_ses_like.transport")
+    if _transport is not None:
+        _transport.close(worker_state)

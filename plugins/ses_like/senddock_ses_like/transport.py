@@ -25,10 +25,10 @@ from botocore.exceptions import (
 from senddock import mime
 from senddock.durations import parse_duration
 from senddock.outcome import Message, SendResult
+from senddock_ses_like import TRANSPORT
 
 log = structlog.get_logger(__name__)
 
-TRANSPORT = "ses_like"
 # SES rewrites these of every message it sends: a DKIM signature covering them would break
 # (AWS: "manual DKIM signing", which says not to sign Message-ID, Date, Return-Path, Bounces-To).
 SES_REWRITES = ("Message-ID", "Date", "Return-Path", "Bounces-To")
