@@ -150,3 +150,24 @@ def running_node(config, **options):
     finally:
         runner.request_stop()
         thread.join(30)
+
+
+def asgi_request(app, method: str, path: str, body: bytes = b"", headers=()) -> list[dict]:
+    """One HTTP request to an ASGI app in-process; the messages it sent back (start, then body)."""
+    import asyncio
+
+    headers = [(b"content-length", str(len(body)).encode()), *headers]
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8025),
+             "scheme": "http", "root_path": "", "http_version": "1.1"}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 from pathlib import Path
@@ -14,24 +13,13 @@ from senddock import serve
 from senddock.config import load_config
 from senddock.fetch import FetchError
 from senddock.sns import Verifier
+from tests_support import asgi_request
 
 TOPIC = "arn:aws:sns:us-east-1:123:ses"
 
 
 def post(app: Any, body: bytes) -> tuple[int, dict]:
-    scope = {"type": "http", "method": "POST", "path": "/webhooks/ses", "raw_path": b"/webhooks/ses",
-             "query_string": b"", "headers": [(b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8025), "scheme": "http", "root_path": ""}
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))
+    sent = asgi_request(app, "POST", "/webhooks/ses", body)
     return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -12,24 +11,11 @@ from structlog.testing import capture_logs
 
 from senddock import serve
 from senddock.config import load_config
+from tests_support import asgi_request
 
 
 def request(app: Any, method: str, path: str, body: bytes = b"") -> int:
-    headers = [(b"content-length", str(len(body)).encode()),
-               (b"content-type", b"application/x-www-form-urlencoded")]
-    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8025),
-             "scheme": "http", "root_path": "", "http_version": "1.1"}
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        return messages.pop(0) if messages else {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    asyncio.run(app(scope, receive, send))
+    sent = asgi_request(app, method, path, body, [(b"content-type", b"application/x-www-form-urlencoded")])
     return sent[0]["status"]
 
 
