@@ -219,6 +219,7 @@ class Senddock:
             raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass --no-unsubscribe to send "
                                "without (a test list, a relay of your own)")
         with self._conn() as conn:
+            campaigns.check_not_sent(conn, campaign_id)
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
             try:
                 analysis = campaigns.check_content(content.subject, content.text_body, content.html_body,

@@ -266,6 +266,21 @@ def all_campaigns(conn: psycopg.Connection) -> list[CampaignSummary]:
         return cur.execute(query("campaign_all")).fetchall()
 
 
+def check_not_sent(conn: psycopg.Connection, campaign_id: int) -> None:
+    """Refuse a campaign that was sent before the checks of its recipients scan them for nothing
+    (send_campaign checks again under its lock: this is the early answer, not the guard)."""
+    campaign = get_campaign(conn, campaign_id)
+    _refuse_unless_draft(campaign_id, campaign.status, campaign.broadcast_id)
+
+
+def _refuse_unless_draft(campaign_id: int, status: str, broadcast_id: int | None) -> None:
+    if status != "draft":
+        raise InvalidState(
+            f"campaign {campaign_id} was already sent (broadcast {broadcast_id}, status {status}); a campaign is "
+            f"sent once: `senddock campaign clone {campaign_id}` makes a draft of it to send again"
+        )
+
+
 def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime | None = None) -> EnqueueResult:
     """Create the campaign's broadcast and enqueue one pending job per recipient, in one transaction.
 
@@ -277,11 +292,7 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
         if locked is None:
             raise NotFound(f"no campaign with id {campaign_id}")
         _, status, broadcast_id = locked
-        if status != "draft":
-            raise InvalidState(
-                f"campaign {campaign_id} was already sent (broadcast {broadcast_id}, status {status}); "
-                "a campaign is sent once"
-            )
+        _refuse_unless_draft(campaign_id, status, broadcast_id)
         list_ids = [row[0] for row in conn.execute(query("campaign_list_ids"), {"campaign_id": campaign_id})]
         broadcast_id = conn.execute(query("broadcast_create"), {"campaign_id": campaign_id}).fetchone()[0]
         with conn.cursor(row_factory=dict_row) as cur:

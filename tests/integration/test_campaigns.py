@@ -54,6 +54,17 @@ def test_a_campaign_is_sent_once(audience):
         audience.send_campaign(cid)
 
 
+def test_a_sent_campaign_is_refused_as_sent_before_its_recipients_are_checked(audience):
+    # Someone without the attribute joined after the send: the answer is still "sent once", not them.
+    cid = campaign(audience, text_body="Hi {{ subscriber.attributes.city }}")
+    with audience.db.connection() as conn:
+        conn.execute("""UPDATE subscribers SET attributes = '{"city": "Paris"}'""")
+    audience.send_campaign(cid)
+    audience.add_subscriber("late@example.com", lists=["news"])
+    with pytest.raises(InvalidState, match=rf"already sent .*`senddock campaign clone {cid}`"):
+        audience.send_campaign(cid)
+
+
 def test_two_concurrent_sends_of_one_campaign_enqueue_once(audience):
     cid = campaign(audience)
     outcomes = []
