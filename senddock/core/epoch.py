@@ -26,6 +26,7 @@ class ServerEpoch:
     id: uuid.UUID
     started_at: datetime
     new: bool  # started by this call: the database is new, or its server lost the end of its WAL
+    in_flight: bool = False  # when it started here, jobs were being sent: they are recovered as in doubt
 
 
 def ensure_epoch(conn: psycopg.Connection) -> ServerEpoch:
@@ -36,9 +37,11 @@ def ensure_epoch(conn: psycopg.Connection) -> ServerEpoch:
         row = conn.execute(query("server_epoch_ensure")).fetchone()
         if row is not None:
             epoch = ServerEpoch(*row)
-            if epoch.new:
+            if epoch.new and epoch.in_flight:
                 log.warning("server_epoch_started", epoch=str(epoch.id),
-                            meaning="a new database, or its server lost the end of its WAL (a crash-restart, a "
-                                    "failover): jobs claimed before are recovered as in doubt")
+                            meaning="the database server lost the end of its WAL (a crash-restart, a failover): "
+                                    "the jobs that were being sent are recovered as in doubt")
+            elif epoch.new:  # a new database, or a crash while nothing was being sent: nothing to fear
+                log.info("server_epoch_started", epoch=str(epoch.id))
             return epoch
     raise psycopg.OperationalError("the server epoch could not be read")

@@ -318,9 +318,11 @@ WITH made AS (
     ON CONFLICT DO NOTHING
     RETURNING id, started_at
 )
-SELECT id, started_at, true AS new FROM made
+-- in_flight: whether any job was being sent then (a new database has none: nothing to warn about).
+SELECT id, started_at, true AS new, EXISTS (SELECT FROM broadcast_jobs WHERE status = 'sending') AS in_flight
+FROM made
 UNION ALL
-SELECT id, started_at, false FROM server_epoch WHERE NOT EXISTS (SELECT FROM made);
+SELECT id, started_at, false, false FROM server_epoch WHERE NOT EXISTS (SELECT FROM made);
 
 -- name: node_register
 INSERT INTO nodes (id, name, host, pid) VALUES (%(node_id)s, %(name)s, %(host)s, %(pid)s)
