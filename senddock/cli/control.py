@@ -90,5 +90,8 @@ def campaign_history(args: argparse.Namespace, out: Output) -> int:
 
 
 def _actor(application_name: str | None) -> str:
-    # Nodes connect as senddock-run, the CLI and the API as senddock: who decided, a node or a person.
-    return {"senddock-run": "a node", "senddock": "CLI or API", "senddock-serve": "serve"}.get(application_name or "", application_name or "-")
+    # Nodes connect as `senddock-run NODE`, the CLI and the API as senddock: a node or a person.
+    name = application_name or "-"
+    if name.startswith("senddock-run "):
+        return f"node {name.removeprefix('senddock-run ')}"
+    return {"senddock": "CLI or API", "senddock-serve": "serve"}.get(name, name)

@@ -111,7 +111,7 @@ class CampaignEvent:
     to_status: str
     reason: str | None
     auto_resume: bool
-    actor: str | None  # application_name: senddock-run (a node), senddock (the CLI)
+    actor: str | None  # application_name: `senddock-run NODE` (a node), senddock (the CLI or the API)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -73,6 +73,12 @@ class Database:
         self._pool: ConnectionPool | None = None  # published only once open
         self._pool_lock = threading.Lock()
 
+    def name_sessions(self, application_name: str) -> None:
+        """The application_name of connections opened from now on (a node names its sessions once
+        its name is known, so what it does is told apart from other nodes in pg_stat_activity and
+        in the campaign history)."""
+        self._application_name = application_name[:63]
+
     @property
     def pool(self) -> ConnectionPool:
         """The pool, opened on first use. Checked again under the lock: threads asking at once

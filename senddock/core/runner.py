@@ -179,6 +179,8 @@ class Runner:
                 raise self.lifeline.error
             raise DatabaseError(f"cannot register the node: {self.lifeline.error or 'the database did not answer'}")
         self.node = self.lifeline.node
+        # Before the pool opens (the first chore): its sessions carry the node's name.
+        self.db.name_sessions(f"senddock-run {self.node.name}")
         log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
                  workers=self.worker_count, transport=self.config.transport)
         self._chores()  # recover earlier incarnations of this node at once, before any claim

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import socket
+
 from senddock.api import Senddock
 from senddock.sink import FailRule
 from senddock.testing import drain, fast_settings
@@ -35,8 +37,8 @@ def test_a_pause_for_relay_trouble_is_a_warning_in_status_and_an_event(make_conf
 
         history = cli("campaign", "history", campaign_id, "-c", config_path, "--json").json
         latest = history["changes"][0]
-        assert (latest["from_status"], latest["to_status"], latest["auto_resume"], latest["actor"]) == \
-            ("sending", "paused", True, "senddock-run")
+        assert (latest["from_status"], latest["to_status"], latest["auto_resume"]) == ("sending", "paused", True)
+        assert latest["actor"] == f"senddock-run {socket.gethostname()}"  # the node, by its name
         assert latest["reason"].startswith("relay_unavailable: 5 consecutive failures")
         # Every change is there, oldest last: the send started it, a node paused it.
         assert [(c["from_status"], c["to_status"]) for c in history["changes"]] == \
@@ -77,17 +79,17 @@ def test_the_operators_own_pause_is_no_warning_and_resume_and_finish_are_recorde
         assert cli("campaign", "status", campaign_id, "-c", config_path, "--json").json["warning"] is None
 
         assert cli("campaign", "resume", campaign_id, "-c", config_path).exit_code == 0
-        drain(app.config)
+        drain(app.config, node_name="test-node")
         history = cli("campaign", "history", campaign_id, "-c", config_path, "--json").json["changes"]
         assert [(c["from_status"], c["to_status"], c["actor"]) for c in history] == [
-            ("sending", "finished", "senddock-run"),
+            ("sending", "finished", "senddock-run test-node"),
             ("paused", "sending", "senddock"),
             ("sending", "paused", "senddock"),
             ("draft", "sending", "senddock"),
         ]
         assert history[2]["reason"] == "paused by the operator"
         readable = cli("campaign", "history", campaign_id, "-c", config_path)
-        assert readable.exit_code == 0 and "a node" in readable.stdout and "CLI or API" in readable.stdout
+        assert readable.exit_code == 0 and "node test-node" in readable.stdout and "CLI or API" in readable.stdout
     finally:
         app.close()
 

@@ -13,7 +13,7 @@ CREATE TABLE campaign_events (
     to_status    text NOT NULL,
     reason       text,           -- paused_reason of a pause
     auto_resume  boolean NOT NULL DEFAULT false,
-    actor        text            -- application_name of the session: senddock-run (a node) or the CLI
+    actor        text            -- application_name of the session: `senddock-run NODE` or the CLI
 );
 CREATE INDEX campaign_events_campaign_idx ON campaign_events (campaign_id, id);
 
