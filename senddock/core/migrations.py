@@ -78,7 +78,9 @@ def migrate(conn: psycopg.Connection) -> list[Migration]:
         todo = pending(conn)  # read under the lock: another node may just have applied them
         for migration in todo:
             _apply(conn, migration)
-            log.info("migration_applied", version=migration.version, name=migration.name)
+            log.debug("migration_applied", version=migration.version, name=migration.name)
+        if todo:  # one line, not one per migration: a new database's first command says it once
+            log.info("schema_migrated", version=todo[-1].version, applied=[m.name for m in todo])
         return todo
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

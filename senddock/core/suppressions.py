@@ -38,7 +38,10 @@ class Suppressions:
         # No row: suppressed already, for as strong a reason. False: a bounce's suppression now
         # carries this stronger reason (never undone by `campaign unsuppress`).
         if row is not None:
-            log.info("address_suppressed", email=email, reason=reason, code=code, broadcast_id=broadcast_id,
+            # The engine's suppressions (bounces, complaints, unsubscribes) are the audit trail; an
+            # operator's own `suppressions add/import` is told by the command, not once per address.
+            level = log.debug if reason == "manual" else log.info
+            level("address_suppressed", email=email, reason=reason, code=code, broadcast_id=broadcast_id,
                      **({} if row[0] else {"replaces": "bounced"}))
         return row is not None and row[0]
 

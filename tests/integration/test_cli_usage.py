@@ -25,3 +25,10 @@ def test_exporting_suppressions_where_nothing_can_be_written_is_one_line(run_sen
     assert result.exit_code == 1, result
     assert result.stderr.strip().endswith(f"{tmp_path / 'missing' / 'out.csv'}: cannot write: No such file or directory")
     assert "Traceback" not in result.stderr
+
+
+def test_an_operators_suppressions_are_told_by_the_command_not_one_log_line_each(run_senddock):
+    result = run_senddock("suppressions", "add", "a@example.com", "b@example.com", "c@example.com")
+    assert result.exit_code == 0, result
+    assert "address_suppressed" not in result.stderr
+    assert "3" in result.stdout

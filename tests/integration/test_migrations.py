@@ -5,6 +5,7 @@ import uuid
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 from senddock.api import Senddock
 from senddock.core import migrations
@@ -25,6 +26,16 @@ def test_migrate_is_idempotent_and_recorded(empty_dsn: str):
         assert [m.version for m in migrations.migrate(conn)] == [m.version for m in migrations.known_migrations()]
         assert migrations.migrate(conn) == []
         assert migrations.applied_versions(conn) == {m.version for m in migrations.known_migrations()}
+
+
+def test_a_new_database_is_migrated_with_one_line_of_log(empty_dsn: str):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn, capture_logs() as logs:
+        migrations.migrate(conn)
+        migrations.migrate(conn)  # nothing to do: nothing said
+    said = [entry for entry in logs if entry["log_level"] != "debug"]
+    known = migrations.known_migrations()
+    assert said == [{"event": "schema_migrated", "log_level": "info", "version": known[-1].version,
+                     "applied": [m.name for m in known]}]
 
 
 def test_two_nodes_migrating_at_once_do_not_race(empty_dsn: str):
