@@ -47,6 +47,13 @@ def test_send_enqueues_active_unsuppressed_members_once(audience):
     assert {j[1:] for j in jobs} == {("example.com", "pending", 0)}
 
 
+def test_an_unsubscribed_reader_counts_as_unsubscribed_not_suppressed(audience):
+    # Unsubscribing also suppresses the address: the skip is still told by its cause.
+    audience.unsubscribe("user5@example.com")
+    result = audience.send_campaign(campaign(audience))
+    assert (result.enqueued, result.skipped_suppressed, result.skipped_unsubscribed) == (5, 2, 3)
+
+
 def test_a_campaign_is_sent_once(audience):
     cid = campaign(audience)
     audience.send_campaign(cid)

@@ -236,9 +236,11 @@ WITH members AS MATERIALIZED (
     WHERE status = 'active' AND NOT suppressed
     RETURNING 1
 )
+-- An unsubscribed or blocklisted subscriber is suppressed too: counted by their status, so that
+-- "suppressed" means the suppression list alone (bounces, complaints, an operator's word).
 SELECT (SELECT count(*) FROM enqueued) AS enqueued,
-       count(*) FILTER (WHERE suppressed) AS skipped_suppressed,
-       count(*) FILTER (WHERE status <> 'active' AND NOT suppressed) AS skipped_unsubscribed
+       count(*) FILTER (WHERE suppressed AND status = 'active') AS skipped_suppressed,
+       count(*) FILTER (WHERE status <> 'active') AS skipped_unsubscribed
 FROM members;
 
 -- name: broadcast_record_counts
