@@ -144,7 +144,7 @@ def test_preview_and_send_test_say_in_one_line_why_a_subscriber_does_not_render(
 
     preview = run_senddock("campaign", "preview", campaign, "--email", "bob@example.com", "-c", config_file)
     expected = (f"campaign {campaign}: its template does not render for subscriber 2 (bob@example.com): text, line 2: "
-                "'dict object' has no attribute 'city'")
+                "this subscriber lacks the attribute 'city' (they have no attributes)")
     assert (preview.exit_code, preview.stdout, preview.stderr) == (1, "", f"senddock: error: {expected}\n")
     as_json = run_senddock("campaign", "preview", campaign, "--email", "bob@example.com", "-c", config_file, "--json")
     assert as_json.exit_code == 1 and "Traceback" not in as_json.stderr
