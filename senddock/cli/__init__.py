@@ -88,7 +88,9 @@ def _template_variables_help() -> str:
     width = max(len(name) for name, _ in VARIABLES)
     rows = "\n".join(f"  {name.ljust(width)}  {meaning}" for name, meaning in VARIABLES)
     return ("The subject and bodies are Jinja2 templates; they may use:\n" + rows + "\n"
-            "Use | default(\"...\") where a value may be missing: {{ subscriber.attributes.city | default(\"\") }}")
+            "Where a value may be missing or empty, give it a default:\n"
+            "  {{ subscriber.attributes.city | default(\"your city\", true) }}\n"
+            "(true: an empty CSV cell, stored as \"\", is replaced too; without it only a missing one is)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -104,7 +104,8 @@ def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(
         assert "does not render" in warning and f"senddock campaign resume {campaign_id}" in warning
         if fix == "data":
             app.add_subscriber("user25@example.com", attributes={"n": 25}, lists=["news"])
-        else:  # what `campaign edit` of a paused campaign would do; the node has the old one cached
+        else:  # no command edits a paused campaign (drafts only), but a worker must never render a stale
+            # cached copy of a template changed in the database: the node has the old one cached
             with app.db.connection() as conn:
                 conn.execute("UPDATE campaigns SET text_body = %s WHERE id = %s",
                              ("Hello\nyour number: {{ subscriber.attributes.n }}\n", campaign_id))
