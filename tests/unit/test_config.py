@@ -176,10 +176,12 @@ def test_every_pattern_in_the_schemas_has_a_message_in_words():
 
 
 def test_a_mistyped_environment_reference_is_reported_as_such_not_as_a_written_secret(tmp_path: Path):
-    path = write(tmp_path, "unsubscribe:\n  secret: ${SENDDOCK_UNSUBSCRIBE_SECRET\nsmtp:\n  host: ${1HOST}.example\n")
+    path = write(tmp_path, "unsubscribe:\n  secret: ${SENDDOCK_UNSUBSCRIBE_SECRET\nsmtp:\n  host: ${1HOST}.example\n"
+                           "  port: ${SMTP_PORT\n")
     assert errors_of(path, {"SENDDOCK_UNSUBSCRIBE_SECRET": "s" * 20}) == [
         f"{path}::$.smtp.host: '${{1HOST}}' is not a reference to the environment: write ${{NAME}} "
         "(letters, digits and _, not starting with a digit)",
+        f"{path}::$.smtp.port: unterminated ${{...}}: write ${{NAME}}",  # once, not also "not an integer"
         f"{path}::$.unsubscribe.secret: unterminated ${{...}}: write ${{NAME}}",
     ]
 
