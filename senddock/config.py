@@ -46,7 +46,18 @@ def _duration_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapp
     if enabled and isinstance(instance, str) and not is_duration(instance):
         from jsonschema import ValidationError
 
-        yield ValidationError(f"{instance!r} is not a duration (e.g. 30s, 2m, 1h30m)")
+        yield ValidationError(_not_a_duration(instance))
+
+
+def _not_a_duration(value: Any) -> str:
+    """A number without its unit (``lease: 30``, or ``"30"`` from the environment) is the usual
+    slip: say which unit to add rather than what type YAML made of it."""
+    number = value.strip() if isinstance(value, str) else value
+    if isinstance(number, str) and re.fullmatch(r"\d+(\.\d+)?", number):
+        return f"{value!r} is not a duration: add a unit, e.g. {number}s"
+    if isinstance(number, (int, float)) and not isinstance(number, bool):
+        return f"{value!r} is not a duration: add a unit, e.g. {number}s"
+    return f"{value!r} is not a duration (e.g. 30s, 2m, 1h30m)"
 
 
 def _size_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapping) -> Iterator[Any]:
@@ -296,10 +307,11 @@ def _errors(validator: Any, instance: Any) -> list[jsonschema.ValidationError]:
 
 
 def _is_deferred(error: jsonschema.ValidationError) -> bool:
+    # A mistyped reference (`${URL` unclosed) is deferred too: _bad_references reports it, once.
     return (
         error.validator in _DEFERRED_VALIDATORS
         and isinstance(error.instance, str)
-        and _ENV_REF.search(error.instance) is not None
+        and "${" in error.instance
     )
 
 
@@ -328,7 +340,21 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
             return _json_path(tuple(error.absolute_path) + (key,)), f"unknown key {key!r}{hint}"
+    if error.validator == "type" and error.schema.get("duration"):
+        return error.json_path, _not_a_duration(error.instance)
+    if error.validator == "pattern":
+        return error.json_path, _pattern_message(error)
     return error.json_path, error.message
+
+
+def _pattern_message(error: jsonschema.ValidationError) -> str:
+    """A pattern's refusal in words: the schema's ``patternMessage`` (what the value is not), never
+    the regular expression itself, which tells a reader nothing they can act on."""
+    wanted = error.schema.get("patternMessage")
+    if wanted:
+        return f"{error.instance!r} is not {wanted}"
+    described = error.schema.get("description")
+    return f"{error.instance!r} is not in the form this setting takes" + (f" ({described})" if described else "")
 
 
 def _json_path(parts: tuple) -> str:
@@ -394,14 +420,41 @@ def _coerce_env_values(validator: Any, data: Any, whole_refs: Mapping[tuple, str
 
 def _secrets_written_in_file(raw: Any) -> Iterator[tuple[str, str]]:
     for parts, value in _walk(raw):
-        if not parts or not isinstance(value, str) or not value or _ENV_REF.search(value):
+        if not parts or not isinstance(value, str) or not value:
+            continue
+        if "${" in value:
+            # A reference, or one mistyped (reported as such: it is not a secret written out).
+            yield from _bad_references(parts, value)
             continue
         key = next((p for p in reversed(parts) if isinstance(p, str)), "")
         if is_secret_key(key):
-            env = "_".join(str(p).upper() for p in parts if isinstance(p, str))
-            yield _json_path(parts), f"secrets must not be written in the file: use ${{{env}}}"
+            yield _json_path(parts), f"secrets must not be written in the file: use ${{{secret_env_name(parts)}}}"
         elif parts in (("database", "dsn"), ("database", "direct_dsn")) and redact(value, "dsn") != value:
             yield _json_path(parts), "the DSN holds a password: take it from the environment (${PGPASSWORD} or SENDDOCK_DATABASE_URL)"
+
+
+def secret_env_name(parts: tuple) -> str:
+    """The variable a secret at ``parts`` is suggested to come from: SENDDOCK_ and its path,
+    as the shipped config names them (unsubscribe.secret: SENDDOCK_UNSUBSCRIBE_SECRET)."""
+    return "_".join(["SENDDOCK", *(str(p).upper() for p in parts if isinstance(p, str))])
+
+
+def _bad_references(parts: tuple, value: str) -> Iterator[tuple[str, str]]:
+    """Each ``${`` that does not start a whole ``${NAME}`` or ``${NAME:-default}``: left alone it
+    would be taken literally (a secret written out, a host named ``${SMTP_HOST``)."""
+    start = 0
+    while (start := value.find("${", start)) != -1:
+        found = _ENV_REF.match(value, start)
+        if found is not None:
+            start = found.end()
+            continue
+        end = value.find("}", start)
+        if end == -1:
+            yield _json_path(parts), "unterminated ${...}: write ${NAME}"
+            return
+        yield _json_path(parts), (f"{value[start:end + 1]!r} is not a reference to the environment: write ${{NAME}} "
+                                  "(letters, digits and _, not starting with a digit)")
+        start = end + 1
 
 
 def _fill_defaults(schema: Mapping[str, Any], instance: Any, root: Mapping[str, Any]) -> None:

@@ -18,6 +18,21 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 
 _REPLY = re.compile(r"^[245]\d\d( .*)?$")
+_EXAMPLE_REPLY = "550 5.1.1 no such user"
+_EXAMPLE_RULE = f"bounce*@*={_EXAMPLE_REPLY}"
+
+
+def _reply_problem(reply: str) -> str | None:
+    """What keeps ``reply`` from being an SMTP reply line, in words; None when it is one."""
+    if _REPLY.match(reply):
+        return None
+    if not reply:
+        return f"the REPLY after '=' is empty: start with a 3-digit code, e.g. {_EXAMPLE_REPLY}"
+    code = re.match(r"\d{3}(?= |$)", reply)
+    if code is None:
+        return f"{reply!r} is not an SMTP reply: start with a 3-digit code, e.g. {_EXAMPLE_REPLY}"
+    return (f"{reply!r} is not an SMTP reply: its code {code.group()} must start with 2 (accept), 4 (try "
+            f"later) or 5 (refuse), e.g. {_EXAMPLE_REPLY}")
 
 
 @dataclass(frozen=True)
@@ -31,10 +46,17 @@ class FailRule:
 
     @classmethod
     def parse(cls, text: str) -> FailRule:
+        """ValueError saying which part is wrong: the form, the pattern or the reply."""
         pattern, sep, reply = text.partition("=")
         reply = reply.strip()
-        if not sep or not pattern.strip() or not _REPLY.match(reply):
-            raise ValueError(f"--fail {text!r}: expected PATTERN=REPLY, e.g. 'bounce*@*=550 5.1.1 no such user'")
+        if not sep:
+            raise ValueError(f"--fail {text!r}: expected PATTERN=REPLY, e.g. '{_EXAMPLE_RULE}'")
+        if not pattern.strip():
+            raise ValueError(f"--fail {text!r}: the PATTERN before '=' is empty: name the recipients it is for, "
+                             f"e.g. '{_EXAMPLE_RULE}' ('*' for everyone)")
+        problem = _reply_problem(reply)
+        if problem:
+            raise ValueError(f"--fail {text!r}: {problem}")
         phase, colon, rest = pattern.partition(":")
         if colon and phase in ("mail", "rcpt", "data"):
             return cls(phase, rest.strip().lower(), reply)

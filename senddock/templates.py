@@ -9,6 +9,7 @@ autoescape, so a subscriber's name cannot inject markup.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -34,11 +35,29 @@ class TemplateError(Exception):
         self.field, self.line, self.detail = field, line, message
 
 
+class _MissingValue(jinja2.UndefinedError):
+    """An UndefinedError that keeps what was looked up and in what: Jinja2's own message names
+    only the type (``'dict object' has no attribute 'cty'``), which cannot tell a subscriber's
+    missing attribute from anything else."""
+
+    def __init__(self, container: Any, key: Any, message: str) -> None:
+        super().__init__(message)
+        self.container, self.key = container, key
+
+
+class _Undefined(jinja2.StrictUndefined):
+    __slots__ = ()
+
+    def __init__(self, hint: str | None = None, obj: Any = jinja2.runtime.missing, name: str | None = None,
+                 exc: type[jinja2.TemplateRuntimeError] = jinja2.UndefinedError) -> None:
+        if exc is jinja2.UndefinedError and obj is not jinja2.runtime.missing:
+            exc = functools.partial(_MissingValue, obj, name)  # type: ignore[assignment]
+        super().__init__(hint, obj, name, exc)
+
+
 @cache
 def _environment(autoescape: bool) -> jinja2.Environment:
-    return ImmutableSandboxedEnvironment(
-        undefined=jinja2.StrictUndefined, autoescape=autoescape, keep_trailing_newline=True
-    )
+    return ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=autoescape, keep_trailing_newline=True)
 
 
 @dataclass(frozen=True)
@@ -117,7 +136,7 @@ def _render(field: str, template: jinja2.Template | _Constant, context: Mapping[
     try:
         return template.render(context)
     except jinja2.UndefinedError as exc:
-        message = exc.message or "undefined variable"
+        message = _missing_attribute(exc, context) or exc.message or "undefined variable"
         if message == "'unsubscribe_url' is undefined":
             message += f" ({UNSUBSCRIBE_HINT})"
         raise TemplateError(field, message, _line(exc)) from None
@@ -125,6 +144,30 @@ def _render(field: str, template: jinja2.Template | _Constant, context: Mapping[
         raise TemplateError(field, str(exc), _line(exc)) from None
     except Exception as exc:  # a filter on the wrong type, a division by zero in the data...
         raise TemplateError(field, f"{type(exc).__name__}: {exc}", _line(exc)) from None
+
+
+# How many of a subscriber's attribute names a message lists before "..."
+_LISTED_ATTRIBUTES = 10
+
+
+def _missing_attribute(exc: jinja2.UndefinedError, context: Mapping[str, Any]) -> str | None:
+    """A subscriber attribute the recipient lacks, in the words of `campaign send`'s check, with
+    the attributes they do have; None for any other undefined value."""
+    subscriber = context.get("subscriber")
+    attributes = subscriber.get("attributes") if isinstance(subscriber, Mapping) else None
+    if not isinstance(exc, _MissingValue) or attributes is None or exc.container is not attributes:
+        return None
+    have = sorted(map(str, attributes))
+    if not have:
+        theirs = "they have no attributes"
+    else:
+        listed = ", ".join(have[:_LISTED_ATTRIBUTES]) + (f", ... ({len(have)} in all)"
+                                                         if len(have) > _LISTED_ATTRIBUTES else "")
+        theirs = f"their attributes: {listed}"
+        close = difflib.get_close_matches(str(exc.key), have, n=1)
+        if close:
+            theirs += f"; did you mean {close[0]!r}?"
+    return f"this subscriber lacks the attribute {exc.key!r} ({theirs})"
 
 
 def _line(exc: BaseException) -> int | None:

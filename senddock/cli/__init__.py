@@ -24,11 +24,36 @@ from senddock.errors import (
 from senddock.redact import redact_text
 
 
+_PROG = "senddock"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors through the same channel as every other error."""
+    """argparse that reports usage errors through the same channel as every other error.
+
+    A subcommand's error names it (`senddock lists create: ...`); the top level's needs no name:
+    the channel already says `senddock: error:`.
+    """
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise _UsageError(f"{self.prog}: {message}")
+        raise _UsageError(message if self.prog == _PROG else f"{self.prog}: {message}")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def, override]
+        # argparse hands a command's unknown arguments up to the top level, whose error would not
+        # say which command refused them: the command's own parser reports them.
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and "handler" in self._defaults:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._closest_option(extras)}")
+        return namespace, extras
+
+    def _closest_option(self, extras: list[str]) -> str:
+        import difflib
+
+        options = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        for extra in extras:
+            close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1) if extra.startswith("--") else []
+            if close:
+                return f" (did you mean {close[0]}?)"
+        return ""
 
 
 class _UsageError(Exception):
@@ -63,7 +88,9 @@ def _template_variables_help() -> str:
     width = max(len(name) for name, _ in VARIABLES)
     rows = "\n".join(f"  {name.ljust(width)}  {meaning}" for name, meaning in VARIABLES)
     return ("The subject and bodies are Jinja2 templates; they may use:\n" + rows + "\n"
-            "Use | default(\"...\") where a value may be missing: {{ subscriber.attributes.city | default(\"\") }}")
+            "Where a value may be missing or empty, give it a default:\n"
+            "  {{ subscriber.attributes.city | default(\"your city\", true) }}\n"
+            "(true: an empty CSV cell, stored as \"\", is replaced too; without it only a missing one is)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print exactly one JSON object on stdout")
 
-    parser = _Parser(prog="senddock", description="A crash-safe mailing pipeline on a Postgres queue.")
+    parser = _Parser(prog=_PROG, description="A crash-safe mailing pipeline on a Postgres queue.")
     parser.add_argument("--version", action="version", version=f"senddock {__version__}")
     parser.add_argument("-c", "--config", metavar="FILE", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", default=False, help=argparse.SUPPRESS)
@@ -130,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=argtypes.refresh_interval, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
     engine.add_commands(sub, camp, command, _positive_int)
     mail.add_commands(sub, camp, command, _positive_int)
-    control.add_commands(camp, command, _positive_int)
+    control.add_commands(camp, command, _positive_int, argtypes.positive_count)
     drafts.add_commands(camp, command, _positive_int)
     supp = sub.add_parser("suppressions", help="the suppression list every campaign respects").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)

@@ -16,6 +16,17 @@ def worker_count(text: str) -> int:
     return value
 
 
+def positive_count(text: str) -> int:
+    """How many of something to show (`--limit N`): an id's wording ("is not an id") would puzzle."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number, 1 or more)")
+    return value
+
+
 def port(text: str) -> int:
     try:
         value = int(text)

@@ -9,7 +9,7 @@ from senddock.cli.output import Output, table
 from senddock.errors import EXIT_OK
 
 
-def add_commands(camp, command, positive_int) -> None:
+def add_commands(camp, command, positive_int, positive_count) -> None:
     command(camp, "pause", campaign_pause, "stop sending a campaign (in-flight sends finish); resume continues it"
             ).add_argument("id", type=positive_int, metavar="ID")
     command(camp, "resume", campaign_resume, "continue a paused campaign from where it stopped").add_argument(
@@ -31,7 +31,7 @@ def add_commands(camp, command, positive_int) -> None:
     p = command(camp, "history", campaign_history,
                 "a campaign's status changes, newest first: every pause with its reason, resume, finish")
     p.add_argument("id", type=positive_int, metavar="ID")
-    p.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most N changes (default 20)")
+    p.add_argument("--limit", type=positive_count, default=20, metavar="N", help="at most N changes (default 20)")
 
 
 def _status_line(sd, campaign_id: int, what: str, out: Output) -> int:

@@ -43,13 +43,20 @@ def send(pm: pluggy.PluginManager, config: Config, message: Message, worker_stat
 TEMPLATE_ERROR = "template_error"
 
 
-def template_failure(error: TemplateError) -> tuple[SendResult, Classification]:
+def template_failure(error: TemplateError, email: str, campaign_id: int) -> tuple[SendResult, Classification]:
     """A recipient whose data does not render: our fault (the template's or the data's), not the
     recipient's. Nothing is sent, the job goes back in line as it was and the campaign pauses with
-    the error, so fixing the data or the template and `campaign resume` sends it; a campaign never
-    finishes with failures that a fix could have avoided."""
+    the error, so fixing the data and `campaign resume` sends it; a campaign never finishes with
+    failures that a fix could have avoided.
+
+    The pause reason names the recipient it failed for and where the others are listed: `campaign
+    status` shows the reason alone, and the data to fix is that recipient's. One line, whatever the
+    error's text holds (status shows the reason on one line)."""
     result = SendResult("engine", ok=False, text=str(error), phase="render", error=error)
-    return result, Classification(Outcome.PAUSE, f"{TEMPLATE_ERROR}: {error}")
+    detail = " ".join(str(error).split())
+    reason = (f"{TEMPLATE_ERROR}: {detail}; first at {email} "
+              f"(senddock campaign log {campaign_id} --outcome pause)")
+    return result, Classification(Outcome.PAUSE, reason)
 
 
 # The phase of a job refused before any transport saw it: it says nothing about the relay.

@@ -261,7 +261,7 @@ class Worker(threading.Thread):
             message = self._message(queue, job)
         except TemplateError as exc:
             # This recipient's data does not fit the template: the job goes back, the campaign pauses.
-            result, verdict = results.template_failure(exc)
+            result, verdict = results.template_failure(exc, job.email, job.campaign_id)
         except BadRecipient as exc:
             # A line break in the name or address: this job fails, nothing reaches the relay.
             result, verdict = results.bad_recipient_failure(exc)

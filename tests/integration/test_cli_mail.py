@@ -124,6 +124,20 @@ def test_create_help_lists_every_variable(run_senddock):
     assert result.exit_code == 0
     for name, meaning in VARIABLES:
         assert f"{name}  " in result.stdout and meaning in result.stdout
+    # An empty CSV cell is stored as "": only default(..., true) replaces it.
+    assert '{{ subscriber.attributes.city | default("your city", true) }}' in result.stdout
+    assert 'default("")' not in result.stdout
+
+
+def test_the_default_the_help_recommends_replaces_an_empty_csv_cell(cli, config_file, tmp_path, smtp_sink):
+    assert cli("lists", "create", "news", "-c", config_file).exit_code == 0
+    csv = tmp_path / "people.csv"
+    csv.write_text("email,name,city\nada@example.com,Ada,\n", encoding="utf-8")
+    assert cli("subscribers", "import", csv, "--list", "news", "-c", config_file).exit_code == 0
+    created = _create(cli, config_file, tmp_path, 'See you in {{ subscriber.attributes.city | default("your city", true) }}\n',
+                      "--json")
+    preview = cli("campaign", "preview", created.json["id"], "--email", "ada@example.com", "-c", config_file)
+    assert preview.exit_code == 0 and "See you in your city" in preview.stdout, preview
 
 
 def _two_people(cli, config_file, tmp_path) -> None:
@@ -144,7 +158,7 @@ def test_preview_and_send_test_say_in_one_line_why_a_subscriber_does_not_render(
 
     preview = run_senddock("campaign", "preview", campaign, "--email", "bob@example.com", "-c", config_file)
     expected = (f"campaign {campaign}: its template does not render for subscriber 2 (bob@example.com): text, line 2: "
-                "'dict object' has no attribute 'city'")
+                "this subscriber lacks the attribute 'city' (they have no attributes)")
     assert (preview.exit_code, preview.stdout, preview.stderr) == (1, "", f"senddock: error: {expected}\n")
     as_json = run_senddock("campaign", "preview", campaign, "--email", "bob@example.com", "-c", config_file, "--json")
     assert as_json.exit_code == 1 and "Traceback" not in as_json.stderr

@@ -32,3 +32,27 @@ def test_an_operators_suppressions_are_told_by_the_command_not_one_log_line_each
     assert result.exit_code == 0, result
     assert "address_suppressed" not in result.stderr
     assert result.stdout == "3 suppressed, 0 already were\n"
+
+
+@pytest.mark.parametrize("argv, line", [
+    # The top level's own errors: the channel's `senddock: error:` is the only prefix.
+    (["frobnicate"], "senddock: error: argument COMMAND: invalid choice: 'frobnicate' (choose from "),
+    (["--josn"], "senddock: error: unrecognized arguments: --josn"),
+    # A command's unknown argument is refused by that command, by name.
+    (["lists", "create", "news", "--josn"],
+     "senddock: error: senddock lists create: unrecognized arguments: --josn (did you mean --json?)"),
+    (["campaign", "history", "1", "--limit", "0"],
+     "senddock: error: senddock campaign history: argument --limit: '0' is not a count (a whole number, 1 or more)"),
+    (["campaign", "history", "1", "--limit", "x"],
+     "senddock: error: senddock campaign history: argument --limit: 'x' is not a count (a whole number, 1 or more)"),
+])
+def test_a_usage_error_is_one_line_with_one_prefix_naming_the_command(run_senddock, argv, line):
+    result = run_senddock(*argv, db=False)
+    assert (result.exit_code, result.stdout) == (2, ""), result
+    assert result.stderr.startswith(line) and result.stderr.count("\n") == 1, result.stderr
+    assert "senddock: error: senddock:" not in result.stderr and "Traceback" not in result.stderr
+    as_json = run_senddock(*argv, "--json", db=False)
+    assert as_json.exit_code == 2 and "Traceback" not in as_json.stderr
+    assert as_json.stdout.count("\n") == 1  # exactly one JSON object, the same words
+    assert as_json.json == {"ok": False, "error": result.stderr.strip().removeprefix("senddock: error: "),
+                            "exit_code": 2}

@@ -72,3 +72,19 @@ def test_an_embedded_data_folder_that_cannot_be_made_is_one_clear_line(tmp_path:
     assert result.stderr.startswith(
         f"senddock: error: cannot create the embedded Postgres data folder {tmp_path / 'state' / 'pgdata'}: ")
     assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_check_config_words_a_bare_number_a_bad_url_and_an_unclosed_reference(tmp_path: Path):
+    config = tmp_path / "senddock.yaml"
+    config.write_text("recovery:\n  lease: 30\nunsubscribe:\n  url: 127.0.0.1:8025\n"
+                      "  secret: ${SENDDOCK_UNSUBSCRIBE_SECRET\n", encoding="utf-8")
+    checked = senddock("check-config", "-c", str(config), cwd=tmp_path)
+    assert (checked.returncode, checked.stdout) == (2, "")
+    assert checked.stderr.splitlines() == [
+        f"{config}::$.recovery.lease: 30 is not a duration: add a unit, e.g. 30s",
+        f"{config}::$.unsubscribe.secret: unterminated ${{...}}: write ${{NAME}}",
+        f"{config}::$.unsubscribe.url: '127.0.0.1:8025' is not an http:// or https:// URL",
+    ]
+    as_json = senddock("check-config", "-c", str(config), "--json", cwd=tmp_path)
+    assert as_json.returncode == 2 and "Traceback" not in as_json.stderr
+    assert f"{config}::$.recovery.lease: 30 is not a duration: add a unit, e.g. 30s" in json.loads(as_json.stdout)["errors"]

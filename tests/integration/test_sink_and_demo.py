@@ -7,6 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from senddock.sink import _free_port
 from tests_support import senddock_executable
 
@@ -48,11 +50,25 @@ def test_sink_command_accepts_saves_and_fails_chosen_recipients(tmp_path: Path):
     assert len(saved) == 1 and b"hello" in saved[0].read_bytes()
 
 
-def test_sink_refuses_a_malformed_rule():
-    result = subprocess.run([senddock_executable(), "sink", "--fail", "nonsense"], capture_output=True, text=True,
+@pytest.mark.parametrize("rule, message", [
+    ("nonsense", "--fail 'nonsense': expected PATTERN=REPLY, e.g. 'bounce*@*=550 5.1.1 no such user'"),
+    # The form is right: say what is wrong with the part that is not.
+    ("x=abc", "--fail 'x=abc': 'abc' is not an SMTP reply: start with a 3-digit code, e.g. 550 5.1.1 no such user"),
+    ("x=550no", "--fail 'x=550no': '550no' is not an SMTP reply: start with a 3-digit code, e.g. 550 5.1.1 no such user"),
+    ("x=650 no", "--fail 'x=650 no': '650 no' is not an SMTP reply: its code 650 must start with 2 (accept), "
+                 "4 (try later) or 5 (refuse), e.g. 550 5.1.1 no such user"),
+    ("x=", "--fail 'x=': the REPLY after '=' is empty: start with a 3-digit code, e.g. 550 5.1.1 no such user"),
+    ("=550 gone", "--fail '=550 gone': the PATTERN before '=' is empty: name the recipients it is for, "
+                  "e.g. 'bounce*@*=550 5.1.1 no such user' ('*' for everyone)"),
+])
+def test_sink_refuses_a_malformed_rule_saying_what_is_wrong(rule, message):
+    result = subprocess.run([senddock_executable(), "sink", "--fail", rule], capture_output=True, text=True,
                             timeout=30)
-    assert result.returncode == 2
-    assert "expected PATTERN=REPLY" in result.stderr
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"senddock: error: {message}\n")
+    as_json = subprocess.run([senddock_executable(), "sink", "--fail", rule, "--json"], capture_output=True,
+                             text=True, timeout=30)
+    assert as_json.returncode == 2 and "Traceback" not in as_json.stderr
+    assert json.loads(as_json.stdout) == {"ok": False, "error": message, "exit_code": 2}
 
 
 def test_demo_and_demo_crash_send_everything_once_or_accounted_for():

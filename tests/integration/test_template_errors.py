@@ -90,17 +90,22 @@ def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(
     with running_node(app.config):
         wait_for(lambda: _campaign(app, campaign_id)[0] != "sending", 60, "the campaign to pause")
         status, reason = _campaign(app, campaign_id)
+        # The reason names who it failed for, and where the log lists them: status shows only the reason.
         assert (status, reason) == (
-            "paused", 'template_error: text, line 2: TypeError: can only concatenate str (not "int") to str')
+            "paused", 'template_error: text, line 2: TypeError: can only concatenate str (not "int") to str; '
+                      f"first at user25@example.com (senddock campaign log {campaign_id} --outcome pause)")
+        assert [e["email"] for e in app.delivery_log(campaign_id, outcome="pause")] == ["user25@example.com"]
         jobs = jobs_by_email(app, campaign_id)
         assert jobs["user25@example.com"] == ("pending", None, 0)  # back in line, no attempt used up
         assert not [e for e, (s, _, _) in jobs.items() if s == "failed"]
         warning = app.campaign_status(campaign_id).warning  # loud, with what to do
         assert warning.startswith("senddock paused this campaign: template_error: text, line 2")
+        assert "\n" not in warning and "first at user25@example.com" in warning
         assert "does not render" in warning and f"senddock campaign resume {campaign_id}" in warning
         if fix == "data":
             app.add_subscriber("user25@example.com", attributes={"n": 25}, lists=["news"])
-        else:  # what `campaign edit` of a paused campaign would do; the node has the old one cached
+        else:  # no command edits a paused campaign (drafts only), but a worker must never render a stale
+            # cached copy of a template changed in the database: the node has the old one cached
             with app.db.connection() as conn:
                 conn.execute("UPDATE campaigns SET text_body = %s WHERE id = %s",
                              ("Hello\nyour number: {{ subscriber.attributes.n }}\n", campaign_id))

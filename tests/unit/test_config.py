@@ -126,6 +126,77 @@ def test_secrets_written_in_the_file_are_refused(tmp_path: Path):
     assert "hunter2" not in error
 
 
+def test_a_number_where_a_duration_is_expected_says_which_unit_to_add(tmp_path: Path):
+    path = write(tmp_path, "recovery:\n  lease: 30\nretry:\n  schedule: [1.5, 2m]\n  max_age: 7\n")
+    assert errors_of(path) == [
+        f"{path}::$.recovery.lease: 30 is not a duration: add a unit, e.g. 30s",
+        f"{path}::$.retry.max_age: 7 is not a duration: add a unit, e.g. 7s",
+        f"{path}::$.retry.schedule[0]: 1.5 is not a duration: add a unit, e.g. 1.5s",
+    ]
+    path = write(tmp_path, "recovery:\n  lease: ${LEASE}\n")
+    assert errors_of(path, {"LEASE": "30"}) == [
+        f"{path}::$.recovery.lease: '30' is not a duration: add a unit, e.g. 30s (from ${{LEASE}})"]
+
+
+def test_a_value_of_the_wrong_form_is_named_in_words_never_by_the_schema_regex(tmp_path: Path):
+    path = write(tmp_path, "unsubscribe:\n  url: 127.0.0.1:8025\n  mailto: nobody\nplugins:\n  load: [my-plugin]\n"
+                           "dkim:\n  domain: example.com\n  selector: .mail\n  private_key_file: k.pem\n"
+                           "serve:\n  sns_topic_arns: [ses-events]\nsmtp:\n  return_path: bounces\n")
+    errors = errors_of(path)
+    assert [e for e in errors if "cannot import" not in e] == [
+        f"{path}::$.dkim.selector: '.mail' is not a DKIM selector (letters, digits, dots, hyphens and underscores, "
+        "starting with a letter or digit; e.g. mail2024)",
+        f"{path}::$.plugins.load[0]: 'my-plugin' is not a dotted module path (e.g. my_plugins.audit)",
+        f"{path}::$.serve.sns_topic_arns[0]: 'ses-events' is not an SNS topic ARN "
+        "(e.g. arn:aws:sns:us-east-1:123456789012:ses-events)",
+        f"{path}::$.smtp.return_path: 'bounces' is not an email address (e.g. bounces+{{token}}@example.com)",
+        f"{path}::$.unsubscribe.mailto: 'nobody' is not an email address (e.g. unsubscribe@example.com)",
+        f"{path}::$.unsubscribe.url: '127.0.0.1:8025' is not an http:// or https:// URL",
+    ]
+    path = write(tmp_path, "transport: ses_like\nses_like:\n  endpoint_url: localhost:4566\n")
+    assert errors_of(path) == [f"{path}::$.ses_like.endpoint_url: 'localhost:4566' is not an http:// or https:// URL"]
+
+
+def _patterns(schema) -> list:
+    if isinstance(schema, dict):
+        return [schema] * ("pattern" in schema) + [s for v in schema.values() for s in _patterns(v)]
+    if isinstance(schema, list):
+        return [s for v in schema for s in _patterns(v)]
+    return []
+
+
+def test_every_pattern_in_the_schemas_has_a_message_in_words():
+    from senddock.config import base_schema
+    from senddock.plugins import build_plugin_manager
+
+    schemas = [base_schema(), *build_plugin_manager(load=[], disable=[]).config_schemas.values()]
+    patterns = [s for schema in schemas for s in _patterns(schema)]
+    assert len(patterns) >= 7
+    assert [s["pattern"] for s in patterns if not s.get("patternMessage")] == []
+
+
+def test_a_mistyped_environment_reference_is_reported_as_such_not_as_a_written_secret(tmp_path: Path):
+    path = write(tmp_path, "unsubscribe:\n  secret: ${SENDDOCK_UNSUBSCRIBE_SECRET\nsmtp:\n  host: ${1HOST}.example\n"
+                           "  port: ${SMTP_PORT\n")
+    assert errors_of(path, {"SENDDOCK_UNSUBSCRIBE_SECRET": "s" * 20}) == [
+        f"{path}::$.smtp.host: '${{1HOST}}' is not a reference to the environment: write ${{NAME}} "
+        "(letters, digits and _, not starting with a digit)",
+        f"{path}::$.smtp.port: unterminated ${{...}}: write ${{NAME}}",  # once, not also "not an integer"
+        f"{path}::$.unsubscribe.secret: unterminated ${{...}}: write ${{NAME}}",
+    ]
+
+
+def test_a_secret_written_in_the_file_is_told_the_variable_the_shipped_config_uses(tmp_path: Path):
+    path = write(tmp_path, "unsubscribe:\n  secret: hunter2hunter2hunter2\nsmtp:\n  password: hunter2\n")
+    assert errors_of(path) == [
+        f"{path}::$.smtp.password: secrets must not be written in the file: use ${{SENDDOCK_SMTP_PASSWORD}}",
+        f"{path}::$.unsubscribe.secret: secrets must not be written in the file: use "
+        "${SENDDOCK_UNSUBSCRIBE_SECRET}",
+    ]
+    shipped = (REPO / "config" / "senddock.yaml").read_text(encoding="utf-8")
+    assert "secret: ${SENDDOCK_UNSUBSCRIBE_SECRET}" in shipped and "${SENDDOCK_SMTP_PASSWORD}" in shipped
+
+
 def test_dsn_password_from_the_environment_is_masked_when_shown(tmp_path: Path):
     path = write(tmp_path, "database:\n  dsn: postgresql://app:${DB_PASSWORD}@db.internal/mail\n")
     config = load_config(path, environ={"DB_PASSWORD": "s3cret"})

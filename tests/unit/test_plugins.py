@@ -166,6 +166,16 @@ def test_every_hook_spec_is_documented(name: str):
         assert "Return None to let other plugins decide; the first non-None result wins." in " ".join(doc.split())
 
 
+@pytest.mark.parametrize("name", [n for n, f in vars(hooks).items() if hasattr(f, "senddock_spec")])
+def test_every_hook_spec_is_named_in_the_readme_and_in_docs_plugins(name: str):
+    repo = Path(__file__).resolve().parents[2]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    plugins_section = readme.split("\n## Plugins\n", 1)[1].split("\n## ", 1)[0]
+    assert f"`{name}`" in plugins_section, f"README's Plugins section does not name {name}"
+    table = (repo / "docs" / "plugins.md").read_text(encoding="utf-8").split("\n## The hooks\n", 1)[1]
+    assert f"| `{name}(" in table, f"docs/plugins.md's hook table has no row for {name}"
+
+
 def test_the_four_core_hooks_exist_with_the_agreed_firstresult():
     specs = {n: f.senddock_spec for n, f in vars(hooks).items() if hasattr(f, "senddock_spec")}
     assert {n: s["firstresult"] for n, s in specs.items() if n in

@@ -40,7 +40,31 @@ def test_html_is_autoescaped_and_text_is_not():
 def test_an_undefined_variable_is_an_error_with_its_line():
     with pytest.raises(TemplateError) as caught:
         render(text="Hello\n{{ subscriber.attributes.city }}\n")
-    assert str(caught.value) == "text, line 2: 'dict object' has no attribute 'city'"
+    assert str(caught.value) == "text, line 2: this subscriber lacks the attribute 'city' (they have no attributes)"
+
+
+@pytest.mark.parametrize(("source", "attributes", "expected"), [
+    ("{{ subscriber.attributes.cty }}", {"plan": "pro", "city": "Paris"},
+     "this subscriber lacks the attribute 'cty' (their attributes: city, plan; did you mean 'city'?)"),
+    ('{{ subscriber.attributes["first name"] }}', {"plan": "pro"},
+     "this subscriber lacks the attribute 'first name' (their attributes: plan)"),
+    ("{{ subscriber.attributes.zz }}", {f"a{i:02}": i for i in range(12)},
+     "this subscriber lacks the attribute 'zz' (their attributes: a00, a01, a02, a03, a04, a05, a06, a07, a08, "
+     "a09, ... (12 in all))"),
+    # Not a subscriber attribute: Jinja2's words stay.
+    ("{{ subscriber.attributes.address.zip }}", {"address": {"street": "x"}}, "'dict object' has no attribute 'zip'"),
+    ("{{ nothing }}", {}, "'nothing' is undefined"),
+])
+def test_a_missing_attribute_is_named_in_our_words_with_the_ones_the_subscriber_has(source, attributes, expected):
+    with pytest.raises(TemplateError) as caught:
+        render(text=source, attributes=attributes)
+    assert str(caught.value) == f"text, line 1: {expected}"
+
+
+def test_a_missing_attribute_with_a_default_or_a_defined_test_still_renders():
+    rendered = render(text="{{ subscriber.attributes.city | default('there') }}"
+                           "{% if subscriber.attributes.plan is defined %}!{% endif %}")
+    assert rendered.text_body == "there"
 
 
 def test_a_syntax_error_is_refused_at_compile_with_its_line():

@@ -36,6 +36,7 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
             "description": "API endpoint for SES-compatible services and local peers; default: AWS's for the region.",
             "type": ["string", "null"],
             "pattern": "^https?://",
+            "patternMessage": "an http:// or https:// URL",
             "default": None,
         },
         "configuration_set": {"description": "ConfigurationSetName for every send (event publishing).",

@@ -41,6 +41,7 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
             "description": "Envelope sender (MAIL FROM); {token} becomes the message's VERP token, "
                            "e.g. bounces+{token}@example.com. Default: the From address.",
             "type": ["string", "null"], "pattern": "^[^@\\s]+@[^@\\s]+$", "default": None,
+            "patternMessage": "an email address (e.g. bounces+{token}@example.com)",
         },
         "helo_name": {
             "description": "Name given in EHLO; default: this host's fully qualified name.",
@@ -53,7 +54,7 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
             "default": None,
         },
         "username": {"description": "AUTH user name; no AUTH without it.", "type": ["string", "null"], "default": None},
-        "password": {"description": "AUTH password: write ${ENV_NAME}.", "type": ["string", "null"], "default": None},
+        "password": {"description": "AUTH password: write ${SENDDOCK_SMTP_PASSWORD}.", "type": ["string", "null"], "default": None},
     },
 }
 
