@@ -221,6 +221,7 @@ class Senddock:
         with self._conn() as conn:
             campaigns.check_not_sent(conn, campaign_id)
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
+            _check_stored_addresses(content, prefix=f"campaign {campaign_id} not sent")
             try:
                 analysis = campaigns.check_content(content.subject, content.text_body, content.html_body,
                                                    unsubscribe_configured=self._unsubscribe_configured())
@@ -278,6 +279,7 @@ class Senddock:
 
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
+            _check_stored_addresses(content, prefix=f"campaign {campaign_id}")
             recipient = self._sample_subscriber(conn, campaign_id, email)
         try:
             message = self.composer.message(
@@ -398,6 +400,18 @@ class Senddock:
     def suppress(self, email: str, *, reason: str = "manual") -> bool:
         self.ensure_schema()
         return self.suppressions.add(email, reason=reason)
+
+
+def _check_stored_addresses(content: CampaignContent, *, prefix: str) -> None:
+    """A From or Reply-To stored before `campaign create` checked them strictly (a list, trailing
+    words) is one clear line here, not a traceback from the message builder."""
+    from senddock.addresses import mailbox_problem
+
+    cid = content.campaign_id
+    for header, option, value in (("From", "--from", content.from_addr), ("Reply-To", "--reply-to", content.reply_to)):
+        if value and (problem := mailbox_problem(value)):
+            raise InvalidInput(f"{prefix}: its {header} {value!r} is not usable: {problem}; fix it with "
+                               f"`senddock campaign edit {cid} {option} ADDR`")
 
 
 def _missing_attributes_message(campaign_id: int, missing: list[campaigns.MissingAttribute],

@@ -86,7 +86,7 @@ def test_edit_changes_a_draft_and_says_what_changed(app, run_senddock, config_pa
 
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("--text", "bad.txt", "--text: template error, line 2: unexpected '}'"),
-    ("--from", "not an address", "--from: invalid address"),
+    ("--from", "not an address", "--from 'not an address': not an address"),
     ("--list", "nope", "no list named 'nope'"),
     ("--subject", " ", "--subject: a campaign needs a subject"),
 ])

@@ -1,0 +1,124 @@
+"""What a newcomer found the CLI doing wrong with well-meant input: a list or trailing words taken
+as a From, a schedule lost on resume, a past --at sending at once, a typo'd requeue reason taken as
+"0 jobs", a cancelled draft needing --force, a send to nobody using up the campaign.
+
+In-process CLI (the ``cli`` fixture) on a real Postgres; state around it made through the API.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "senddock.yaml"
+    path.write_text("logging:\n  level: warning\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def body(tmp_path: Path) -> Path:
+    path = tmp_path / "body.txt"
+    path.write_text("Hello {{ subscriber.name }}", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def news(cli, config_file: Path, tmp_path: Path) -> str:
+    """A list 'news' of three subscribers."""
+    assert cli("lists", "create", "news", "-c", config_file).exit_code == 0
+    csv = tmp_path / "people.csv"
+    csv.write_text("email,name\nada@example.com,Ada\nbob@example.com,Bob\ncy@example.com,Cy\n", encoding="utf-8")
+    assert cli("subscribers", "import", csv, "--list", "news", "-c", config_file).exit_code == 0
+    return "news"
+
+
+def create(cli, config_file: Path, body: Path, *extra: str, list_name: str = "news"):
+    return cli("campaign", "create", "--name", "Launch", "--list", list_name, "--subject", "Hi",
+               "--text", body, "-c", config_file, *extra)
+
+
+def campaign(cli, config_file: Path, body: Path, list_name: str = "news") -> int:
+    made = create(cli, config_file, body, "--from", "News <news@example.com>", "--json", list_name=list_name)
+    assert made.exit_code == 0, made.stderr
+    return made.json["id"]
+
+
+def sql(dsn: str, statement: str, *params):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(statement, params)
+        return cur.fetchall() if cur.description else None
+
+
+# -- 1. --from and --reply-to: exactly one mailbox ---------------------------------------------------
+
+BAD_FROM = [
+    ("a@b.com, c@d.com", "one address only, not a list"),
+    ("A <a@example.com>, B <b@example.com>", "one address only, not a list"),
+    ("news@example.com junk", "more than an address: a display name goes first, the address in angle "
+                              "brackets ('Name <addr@domain>')"),
+    ("News <news@example.com> junk", "more than an address: nothing may follow the closing '>'"),
+    ("not an address", "not an address (write 'addr@domain' or 'Name <addr@domain>')"),
+    ("News <news@example.com", "not an address: its angle brackets do not pair up (write 'Name <addr@domain>')"),
+    ("Doe, John <j@example.com>", "a display name with ',' must be in double quotes: "
+                                  "'\"Doe, John\" <j@example.com>'"),
+    ("News <news@example>", "invalid address 'news@example': The part after the @-sign is not valid. It should "
+                            "have a period."),
+]
+
+
+@pytest.mark.parametrize(("value", "reason"), BAD_FROM)
+def test_create_refuses_a_from_that_is_not_exactly_one_mailbox(cli, config_file, body, news, value, reason):
+    made = create(cli, config_file, body, "--from", value)
+    assert (made.exit_code, made.stdout) == (1, "")
+    assert made.stderr == f"senddock: error: --from {value!r}: {reason}\n"
+    assert "Traceback" not in made.stderr
+    replied = create(cli, config_file, body, "--from", "news@example.com", "--reply-to", value, "--json")
+    assert replied.exit_code == 1
+    assert replied.json["error"] == f"--reply-to {value!r}: {reason}"
+    assert cli("campaign", "ls", "-c", config_file).stdout == "no campaigns yet\n"
+
+
+@pytest.mark.parametrize("value", ["News <news@example.com>", "news@example.com", '"Doe, John" <news@example.com>',
+                                   "J. Doe <news@example.com>", "Zoë Ångström <news@example.com>"])
+def test_one_mailbox_is_taken_as_given_and_is_the_from_header(cli, config_file, body, news, value):
+    made = create(cli, config_file, body, "--from", value, "--json")
+    assert made.exit_code == 0, made.stderr
+    preview = cli("campaign", "preview", made.json["id"], "-c", config_file, "--json")
+    assert preview.exit_code == 0, preview.stderr
+    assert preview.json["headers"]["From"].endswith("<news@example.com>") or \
+        preview.json["headers"]["From"] == "news@example.com"
+    assert "@example.com>" in preview.json["headers"]["Message-ID"]
+
+
+def test_edit_refuses_a_list_as_from_and_as_reply_to(cli, config_file, body, news):
+    cid = campaign(cli, config_file, body)
+    for option in ("--from", "--reply-to"):
+        edited = cli("campaign", "edit", cid, option, "a@b.com, c@d.com", "-c", config_file)
+        assert (edited.exit_code, edited.stderr) == (
+            1, f"senddock: error: {option} 'a@b.com, c@d.com': one address only, not a list\n")
+    assert cli("campaign", "preview", cid, "-c", config_file, "--json").json["headers"]["From"] == \
+        "News <news@example.com>"
+
+
+@pytest.mark.parametrize(("stored", "reason"), [("a@b.com, c@d.com", "one address only, not a list"),
+                                                ("news@example.com junk", BAD_FROM[2][1])])
+def test_a_bad_from_stored_before_the_check_is_one_line_at_preview_send_test_and_send(
+        cli, config_file, body, news, database_dsn, stored, reason):
+    cid = campaign(cli, config_file, body)
+    sql(database_dsn, "UPDATE campaigns SET from_addr = %s WHERE id = %s", stored, cid)
+    line = f"its From {stored!r} is not usable: {reason}; fix it with `senddock campaign edit {cid} --from ADDR`"
+    for argv, prefix in ((("campaign", "preview", cid), f"campaign {cid}"),
+                         (("send-test", "--campaign", cid, "--to", "me@example.com"), f"campaign {cid}"),
+                         (("campaign", "send", cid, "--no-unsubscribe"), f"campaign {cid} not sent")):
+        result = cli(*argv, "-c", config_file)
+        assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"senddock: error: {prefix}: {line}\n")
+    assert sql(database_dsn, "SELECT status, broadcast_id FROM campaigns WHERE id = %s", cid) == [("draft", None)]
+    fixed = cli("campaign", "edit", cid, "--from", "news@example.com", "-c", config_file)
+    assert fixed.exit_code == 0, fixed.stderr
+    assert cli("campaign", "preview", cid, "-c", config_file).exit_code == 0
