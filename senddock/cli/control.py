@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from senddock.cli.commands import open_senddock
-from senddock.cli.output import Output, table
+from senddock.cli.output import Output, plural, table
 from senddock.errors import EXIT_OK
 
 
@@ -50,7 +50,16 @@ def campaign_pause(args: argparse.Namespace, out: Output) -> int:
 def campaign_resume(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         sd.resume_campaign(args.id)
-        return _status_line(sd, args.id, "resumed", out)
+        campaign = sd.campaign(args.id)
+        if campaign.status != "scheduled" or campaign.send_at is None:
+            return _status_line(sd, args.id, "resumed", out)
+        status = sd.campaign_status(args.id)
+    # Paused before its time: it waits for that time again, nothing is sent before.
+    when = campaign.send_at.astimezone().isoformat(timespec="seconds")
+    out.result({**status.as_dict(), "send_at": campaign.send_at},
+               f"campaign {args.id}: resumed; scheduled for {when}: {plural(status.pending, 'recipient')} "
+               "enqueued, nothing is sent before then")
+    return EXIT_OK
 
 
 def campaign_requeue(args: argparse.Namespace, out: Output) -> int:

@@ -65,6 +65,11 @@ class Output:
         self.stdout.flush()
 
 
+def plural(count: int, one: str, many: str | None = None) -> str:
+    """``1 address``, ``2 addresses``: the count with its noun agreeing (``many`` defaults to one + "s")."""
+    return f"{count} {one if count == 1 else (many or one + 's')}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain aligned table (readable on a terminal, greppable in a pipe)."""
     cells = [[_cell(v) for v in row] for row in rows]

@@ -122,3 +122,60 @@ def test_a_bad_from_stored_before_the_check_is_one_line_at_preview_send_test_and
     fixed = cli("campaign", "edit", cid, "--from", "news@example.com", "-c", config_file)
     assert fixed.exit_code == 0, fixed.stderr
     assert cli("campaign", "preview", cid, "-c", config_file).exit_code == 0
+
+
+# -- 2. resuming a campaign paused before its time keeps its time --------------------------------------
+
+def test_resuming_a_paused_scheduled_campaign_waits_for_its_time(cli, config_file, body, news, smtp_sink,
+                                                                 database_dsn):
+    import threading
+    import time
+
+    import yaml
+
+    from senddock.config import load_config
+    from senddock.core.runner import Runner
+    from senddock.testing import fast_settings
+    from tests_support import wait_for
+
+    config_file.write_text(yaml.safe_dump(fast_settings(smtp_sink.port)), encoding="utf-8")
+    cid = campaign(cli, config_file, body)
+    at = (datetime.now(timezone.utc) + timedelta(seconds=4)).replace(microsecond=0)
+    runner = Runner(load_config(config_file))  # a node polling all along: it starts what is due
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    try:
+        assert cli("campaign", "send", cid, "--at", at.isoformat(), "--no-unsubscribe", "-c", config_file
+                   ).exit_code == 0
+        assert cli("campaign", "pause", cid, "-c", config_file).exit_code == 0
+        resumed = cli("campaign", "resume", cid, "-c", config_file)
+        assert resumed.exit_code == 0, resumed.stderr
+        assert resumed.stdout == (f"campaign {cid}: resumed; scheduled for {at.astimezone().isoformat()}: "
+                                  "3 recipients enqueued, nothing is sent before then\n")
+        as_json = cli("campaign", "status", cid, "-c", config_file, "--json").json
+        assert (as_json["status"], as_json["pending"]) == ("scheduled", 3)
+        while datetime.now(timezone.utc) < at - timedelta(milliseconds=300):
+            assert smtp_sink.received == [], "the resumed campaign was sent before its time"
+            time.sleep(0.1)
+        wait_for(lambda: sql(database_dsn, "SELECT status FROM campaigns WHERE id = %s", cid) == [("finished",)],
+                 30, "the resumed campaign to be sent at its time")
+    finally:
+        runner.request_stop()
+        thread.join(30)
+    assert sorted(m.recipients[0] for m in smtp_sink.received) == ["ada@example.com", "bob@example.com",
+                                                                    "cy@example.com"]
+    [(first, started)] = sql(database_dsn, "SELECT min(a.started_at), c.started_at FROM delivery_attempts a, "
+                                           "campaigns c WHERE c.id = %s GROUP BY c.started_at", cid)
+    assert first >= at and started >= at
+
+
+def test_resuming_after_its_time_passed_while_paused_sends_now(cli, config_file, body, news, database_dsn):
+    cid = campaign(cli, config_file, body)
+    later = (datetime.now(timezone.utc) + timedelta(hours=2)).isoformat()
+    assert cli("campaign", "send", cid, "--at", later, "--no-unsubscribe", "-c", config_file).exit_code == 0
+    assert cli("campaign", "pause", cid, "-c", config_file).exit_code == 0
+    sql(database_dsn, "UPDATE campaigns SET send_at = now() - interval '1 minute' WHERE id = %s", cid)
+    resumed = cli("campaign", "resume", cid, "-c", config_file)
+    assert resumed.stdout == f"campaign {cid}: resumed; now sending: 0 sent, 0 failed, 3 to go\n"
+    [(status, started)] = sql(database_dsn, "SELECT status, started_at FROM campaigns WHERE id = %s", cid)
+    assert status == "sending" and started is not None
