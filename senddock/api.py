@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from senddock import mime, unsubscribe
@@ -31,7 +31,7 @@ from senddock.core.db import Database
 from senddock.core.lists import MailingList
 from senddock.core.subscribers import ImportSummary, Normalised, Rejection
 from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
-from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound
+from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound, UsageError
 from senddock.outcome import (
     CampaignContent,
     Classification,
@@ -215,6 +215,8 @@ class Senddock:
 
         if send_at is not None and send_at.tzinfo is None:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
+        if send_at is not None:
+            _refuse_past(send_at)
         if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.section("unsubscribe"))):
             raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass --no-unsubscribe to send "
                                "without (a test list, a relay of your own)")
@@ -400,6 +402,20 @@ class Senddock:
     def suppress(self, email: str, *, reason: str = "manual") -> bool:
         self.ensure_schema()
         return self.suppressions.add(email, reason=reason)
+
+
+# A time this close behind the clock is taken as "now" (clock skew, a command typed a few seconds
+# late); further back it is a mistake: the campaign would go out at once under a "scheduled" line.
+PAST_SEND_AT_GRACE = timedelta(minutes=1)
+
+
+def _refuse_past(send_at: datetime) -> None:
+    from senddock.durations import rough_duration
+
+    behind = datetime.now(timezone.utc) - send_at
+    if behind > PAST_SEND_AT_GRACE:
+        raise UsageError(f"--at {send_at.isoformat()} is in the past ({rough_duration(behind.total_seconds())} ago): "
+                         "leave --at out to send now")
 
 
 def _check_stored_addresses(content: CampaignContent, *, prefix: str) -> None:

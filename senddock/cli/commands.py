@@ -228,7 +228,9 @@ def campaign_ls(args: argparse.Namespace, out: Output) -> int:
 def campaign_send(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         result = sd.send_campaign(args.id, send_at=args.at, require_unsubscribe=not args.no_unsubscribe)
-    when = f", scheduled for {args.at.isoformat()}" if args.at else ""
+        # An --at a few seconds behind the clock sends now: say what happened, not what was asked.
+        scheduled = args.at is not None and sd.campaign(args.id).status == "scheduled"
+    when = f", scheduled for {args.at.isoformat()}" if scheduled else ""
     out.result(
         {**{k: getattr(result, k) for k in ("campaign_id", "broadcast_id", "enqueued", "skipped",
                                              "skipped_suppressed", "skipped_unsubscribed")},

@@ -179,3 +179,29 @@ def test_resuming_after_its_time_passed_while_paused_sends_now(cli, config_file,
     assert resumed.stdout == f"campaign {cid}: resumed; now sending: 0 sent, 0 failed, 3 to go\n"
     [(status, started)] = sql(database_dsn, "SELECT status, started_at FROM campaigns WHERE id = %s", cid)
     assert status == "sending" and started is not None
+
+
+# -- 3. --at in the past -------------------------------------------------------------------------------
+
+def test_send_at_a_time_in_the_past_is_refused_and_changes_nothing(cli, config_file, body, news, database_dsn):
+    cid = campaign(cli, config_file, body)
+    then = datetime(2020, 1, 1, 9, tzinfo=timezone.utc)
+    years = int((datetime.now(timezone.utc) - then).total_seconds() // (365 * 86400))
+    refused = cli("campaign", "send", cid, "--at", "2020-01-01T09:00:00+00:00", "--no-unsubscribe", "-c", config_file)
+    assert (refused.exit_code, refused.stdout) == (2, "")
+    assert refused.stderr == (f"senddock: error: --at 2020-01-01T09:00:00+00:00 is in the past ({years} years ago): "
+                              "leave --at out to send now\n")
+    minutes = (datetime.now(timezone.utc) - timedelta(minutes=5)).isoformat(timespec="seconds")
+    as_json = cli("campaign", "send", cid, "--at", minutes, "--no-unsubscribe", "-c", config_file, "--json")
+    assert as_json.exit_code == 2
+    assert as_json.json["error"] == f"--at {minutes} is in the past (5 minutes ago): leave --at out to send now"
+    assert sql(database_dsn, "SELECT status, broadcast_id FROM campaigns WHERE id = %s", cid) == [("draft", None)]
+
+
+def test_send_at_a_few_seconds_ago_is_clock_skew_and_sends_now(cli, config_file, body, news, database_dsn):
+    cid = campaign(cli, config_file, body)
+    just_now = (datetime.now(timezone.utc) - timedelta(seconds=5)).isoformat()
+    sent = cli("campaign", "send", cid, "--at", just_now, "--no-unsubscribe", "-c", config_file)
+    assert sent.exit_code == 0, sent.stderr
+    assert "scheduled" not in sent.stdout and "enqueued 3 recipients" in sent.stdout
+    assert sql(database_dsn, "SELECT status FROM campaigns WHERE id = %s", cid) == [("sending",)]
