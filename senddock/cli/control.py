@@ -65,7 +65,7 @@ def campaign_resume(args: argparse.Namespace, out: Output) -> int:
 def campaign_requeue(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         count = sd.requeue_campaign(args.id, args.reason)
-        return _status_line(sd, args.id, f"{count} jobs failed as {args.reason} requeued", out)
+        return _status_line(sd, args.id, f"requeued {plural(count, 'job')} that failed as {args.reason}", out)
 
 
 def campaign_cancel(args: argparse.Namespace, out: Output) -> int:

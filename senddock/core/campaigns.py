@@ -389,7 +389,9 @@ def cancel_campaign(conn: psycopg.Connection, campaign_id: int) -> int:
 
 
 def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) -> int:
-    """Put the failed jobs of ``reason`` back in line; returns how many."""
+    """Put the failed jobs of ``reason`` back in line; returns how many (0 when every one of them is
+    of an address suppressed since). A reason none of its jobs failed for is refused, naming those
+    that it has: a typo must not pass for "nothing to requeue"."""
     if reason in NEVER_REQUEUED:
         raise InvalidInput(f"--reason {reason}: jobs failed as {reason} are about the address itself and are "
                            f"never requeued ({', '.join(NEVER_REQUEUED)})")
@@ -401,7 +403,25 @@ def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) ->
                                "can be requeued")
         if row[2]:
             conn.execute(query("notify_jobs"), {"broadcast_id": row[1]})
+        else:
+            with conn.cursor(row_factory=dict_row) as cur:
+                failed = cur.execute(query("broadcast_counts"), {"broadcast_id": row[1]}).fetchone()
+            if reason not in failed["failed_by_reason"]:
+                # A typo must not read as "0 jobs requeued": say which reasons there are.
+                raise InvalidInput(_no_such_failure(campaign_id, reason, failed["failed_by_reason"]))
     return row[2]
+
+
+def _no_such_failure(campaign_id: int, reason: str, failed_by_reason: dict[str, int]) -> str:
+    message = f"--reason {reason}: campaign {campaign_id} has no jobs that failed as {reason}"
+    if not failed_by_reason:
+        return message + "; it has no failed jobs at all"
+    requeueable = [f"{r} {n}" for r, n in failed_by_reason.items() if r not in NEVER_REQUEUED]
+    never = [f"{r} {n}" for r, n in failed_by_reason.items() if r in NEVER_REQUEUED]
+    message += f"; its failed jobs by reason: {', '.join(requeueable) if requeueable else 'none that can be requeued'}"
+    if never:
+        message += f"; never requeued (about the address itself): {', '.join(never)}"
+    return message
 
 
 def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:

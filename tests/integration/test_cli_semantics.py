@@ -205,3 +205,31 @@ def test_send_at_a_few_seconds_ago_is_clock_skew_and_sends_now(cli, config_file,
     assert sent.exit_code == 0, sent.stderr
     assert "scheduled" not in sent.stdout and "enqueued 3 recipients" in sent.stdout
     assert sql(database_dsn, "SELECT status FROM campaigns WHERE id = %s", cid) == [("sending",)]
+
+
+# -- 4. requeue of a reason nothing failed for ---------------------------------------------------------
+
+def test_requeue_of_a_reason_nothing_failed_for_is_refused_listing_the_reasons_there_are(
+        cli, config_file, body, news, database_dsn):
+    cid = campaign(cli, config_file, body)
+    assert cli("campaign", "send", cid, "--no-unsubscribe", "-c", config_file).exit_code == 0
+    nothing = cli("campaign", "requeue", cid, "--reason", "foo", "-c", config_file)
+    assert (nothing.exit_code, nothing.stdout) == (1, "")
+    assert nothing.stderr == (f"senddock: error: --reason foo: campaign {cid} has no jobs that failed as foo; "
+                              "it has no failed jobs at all\n")
+    for email, reason in (("ada@example.com", "rejected"), ("bob@example.com", "bounced")):
+        sql(database_dsn, "UPDATE broadcast_jobs SET status = 'failed', failure_reason = %s WHERE email = %s",
+            reason, email)
+    typo = cli("campaign", "requeue", cid, "--reason", "rejectd", "-c", config_file, "--json")
+    assert typo.exit_code == 1
+    assert typo.json["error"] == (f"--reason rejectd: campaign {cid} has no jobs that failed as rejectd; its failed "
+                                  "jobs by reason: rejected 1; never requeued (about the address itself): bounced 1")
+    assert sql(database_dsn, "SELECT email, status FROM broadcast_jobs WHERE status <> 'pending' ORDER BY email") == [
+        ("ada@example.com", "failed"), ("bob@example.com", "failed")]
+    fixed = cli("campaign", "requeue", cid, "--reason", "rejected", "-c", config_file)
+    assert (fixed.exit_code, fixed.stdout) == (
+        0, f"campaign {cid}: requeued 1 job that failed as rejected; now sending: 0 sent, 1 failed, 2 to go\n")
+    only_never = cli("campaign", "requeue", cid, "--reason", "rejected", "-c", config_file)
+    assert only_never.stderr == (f"senddock: error: --reason rejected: campaign {cid} has no jobs that failed as "
+                                 "rejected; its failed jobs by reason: none that can be requeued; never requeued "
+                                 "(about the address itself): bounced 1\n")
