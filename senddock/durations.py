@@ -38,9 +38,9 @@ _ROUGH = (("year", 365 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour",
 
 def rough_duration(seconds: float) -> str:
     """How long, in its largest whole unit, for a person: ``5 years``, ``1 month``, ``40 seconds``."""
+    from senddock.wording import plural
+
     for unit, size in _ROUGH:
         if seconds >= size:
-            count = int(seconds // size)
-            return f"{count} {unit}" + ("s" if count != 1 else "")
-    count = int(seconds)
-    return f"{count} second" + ("s" if count != 1 else "")
+            return plural(int(seconds // size), unit)
+    return plural(int(seconds), "second")

@@ -10,6 +10,10 @@ from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
+from senddock.wording import plural
+
+__all__ = ["Output", "plural", "table", "to_jsonable"]
+
 
 def to_jsonable(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
@@ -63,11 +67,6 @@ class Output:
             self.stdout.write(json.dumps(payload) + "\n")
         self.stderr.flush()
         self.stdout.flush()
-
-
-def plural(count: int, one: str, many: str | None = None) -> str:
-    """``1 address``, ``2 addresses``: the count with its noun agreeing (``many`` defaults to one + "s")."""
-    return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

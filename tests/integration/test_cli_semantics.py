@@ -233,3 +233,30 @@ def test_requeue_of_a_reason_nothing_failed_for_is_refused_listing_the_reasons_t
     assert only_never.stderr == (f"senddock: error: --reason rejected: campaign {cid} has no jobs that failed as "
                                  "rejected; its failed jobs by reason: none that can be requeued; never requeued "
                                  "(about the address itself): bounced 1\n")
+
+
+# -- 5. delete: no --force when there is nothing to lose, no None, no internal tables ------------------
+
+def test_a_draft_cancelled_before_it_was_sent_is_deleted_without_force(cli, config_file, body, news, database_dsn):
+    cid = campaign(cli, config_file, body)
+    assert cli("campaign", "cancel", cid, "-c", config_file).exit_code == 0
+    deleted = cli("campaign", "delete", cid, "-c", config_file)
+    assert (deleted.exit_code, deleted.stdout, deleted.stderr) == (0, f"deleted campaign {cid} (cancelled)\n", "")
+    assert sql(database_dsn, "SELECT count(*) FROM campaigns") == [(0,)]
+
+
+def test_delete_force_speaks_of_what_a_person_knows(cli, config_file, body, news, database_dsn):
+    cid = campaign(cli, config_file, body)
+    assert cli("campaign", "send", cid, "--no-unsubscribe", "-c", config_file).exit_code == 0
+    assert cli("campaign", "cancel", cid, "-c", config_file).exit_code == 0
+    [(broadcast,)] = sql(database_dsn, "SELECT broadcast_id FROM campaigns WHERE id = %s", cid)
+    refused = cli("campaign", "delete", cid, "-c", config_file)
+    assert (refused.exit_code, refused.stderr) == (1, (
+        f"senddock: error: campaign {cid} is cancelled: deleting it removes its delivery history (broadcast "
+        f"{broadcast}: 3 jobs, 0 sent, 0 delivery attempts, 0 provider events); add --force to delete it anyway\n"))
+    forced = cli("campaign", "delete", cid, "--force", "-c", config_file)
+    assert (forced.exit_code, forced.stdout) == (0, f"deleted campaign {cid} (cancelled): broadcast {broadcast}, "
+                                                    "3 jobs, 0 delivery attempts, 0 provider events, 2 status "
+                                                    "changes\n")
+    for text in (refused.stderr, forced.stdout):
+        assert "None" not in text and "claim floor" not in text
