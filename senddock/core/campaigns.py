@@ -285,7 +285,8 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
     """Create the campaign's broadcast and enqueue one pending job per recipient, in one transaction.
 
     Only active subscribers of the campaign's lists whose address is not suppressed are enqueued;
-    the rest are counted as skipped. Workers are woken with NOTIFY when the transaction commits.
+    the rest are counted as skipped. With nobody to enqueue nothing changes (InvalidState): the
+    campaign stays a draft. Workers are woken with NOTIFY when the transaction commits.
     """
     with conn.transaction():
         locked = conn.execute(query("campaign_lock"), {"campaign_id": campaign_id}).fetchone()
@@ -299,6 +300,10 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
             counts = cur.execute(
                 query("broadcast_enqueue"), {"broadcast_id": broadcast_id, "list_ids": list_ids}
             ).fetchone()
+        if not counts["enqueued"]:
+            # Raised inside the transaction: the broadcast goes with it and the campaign stays a
+            # draft, to send once its lists have someone to reach (a send is once only).
+            raise InvalidState(_nobody_to_send_to(conn, campaign_id, counts))
         params = {**counts, "broadcast_id": broadcast_id, "campaign_id": campaign_id, "send_at": send_at}
         conn.execute(query("broadcast_record_counts"), params)
         conn.execute(query("campaign_start"), params)
@@ -311,6 +316,20 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
         skipped_suppressed=counts["skipped_suppressed"],
         skipped_unsubscribed=counts["skipped_unsubscribed"],
     )
+
+
+def _nobody_to_send_to(conn: psycopg.Connection, campaign_id: int, counts: dict[str, int]) -> str:
+    from senddock.wording import plural
+
+    names = get_campaign(conn, campaign_id).lists
+    lists = f"{'list' if len(names) == 1 else 'lists'} {', '.join(names)}"
+    suppressed, unsubscribed = counts["skipped_suppressed"], counts["skipped_unsubscribed"]
+    if not suppressed + unsubscribed:
+        why = f"its {lists} {'has' if len(names) == 1 else 'have'} no subscribers"
+    else:
+        why = (f"all {plural(suppressed + unsubscribed, 'subscriber')} of its {lists} would be skipped "
+               f"({suppressed} suppressed, {unsubscribed} unsubscribed or blocklisted)")
+    return f"campaign {campaign_id} not sent: nobody to send to, {why}; it is still a draft"
 
 
 def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatus:

@@ -260,3 +260,35 @@ def test_delete_force_speaks_of_what_a_person_knows(cli, config_file, body, news
                                                     "changes\n")
     for text in (refused.stderr, forced.stdout):
         assert "None" not in text and "claim floor" not in text
+
+
+# -- 6. a send to nobody is refused, the campaign stays a draft ----------------------------------------
+
+def test_a_send_with_nobody_to_enqueue_is_refused_and_leaves_a_draft(cli, config_file, body, news, database_dsn,
+                                                                     tmp_path):
+    assert cli("lists", "create", "empty", "-c", config_file).exit_code == 0
+    cid = campaign(cli, config_file, body, list_name="empty")
+    empty = cli("campaign", "send", cid, "--no-unsubscribe", "-c", config_file)
+    assert (empty.exit_code, empty.stdout, empty.stderr) == (1, "", (
+        f"senddock: error: campaign {cid} not sent: nobody to send to, its list empty has no subscribers; "
+        "it is still a draft\n"))
+
+    gone = campaign(cli, config_file, body)  # news: ada, bob, cy
+    assert cli("suppressions", "add", "ada@example.com", "-c", config_file).exit_code == 0
+    for email in ("bob@example.com", "cy@example.com"):
+        assert cli("subscribers", "unsubscribe", email, "-c", config_file).exit_code == 0
+    skipped = cli("campaign", "send", gone, "--no-unsubscribe", "-c", config_file, "--json")
+    assert skipped.exit_code == 1
+    assert skipped.json["error"] == (f"campaign {gone} not sent: nobody to send to, all 3 subscribers of its list "
+                                     "news would be skipped (1 suppressed, 2 unsubscribed or blocklisted); it is "
+                                     "still a draft")
+    assert sql(database_dsn, "SELECT status, broadcast_id, finished_at FROM campaigns ORDER BY id") == [
+        ("draft", None, None), ("draft", None, None)]
+    assert sql(database_dsn, "SELECT count(*) FROM broadcasts") == [(0,)]
+
+    csv = tmp_path / "more.csv"
+    csv.write_text("email,name\ndee@example.com,Dee\n", encoding="utf-8")
+    assert cli("subscribers", "import", csv, "--list", "empty", "-c", config_file).exit_code == 0
+    sent = cli("campaign", "send", cid, "--no-unsubscribe", "-c", config_file)
+    assert sent.exit_code == 0, sent.stderr
+    assert sql(database_dsn, "SELECT status FROM campaigns WHERE id = %s", cid) == [("sending",)]
