@@ -71,15 +71,16 @@ def campaign_requeue(args: argparse.Namespace, out: Output) -> int:
 def campaign_cancel(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         count = sd.cancel_campaign(args.id)
-        return _status_line(sd, args.id, f"cancelled, {count} unsent jobs failed as cancelled", out)
+        return _status_line(sd, args.id, f"cancelled, {plural(count, 'unsent job')} failed as cancelled", out)
 
 
 def campaign_unsuppress(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         done = sd.unsuppress_campaign(args.id, since_pause=args.since_pause)
         paused = sd.campaign_status(args.id).status == "paused"
-        return _status_line(sd, args.id, f"{done.unsuppressed} addresses unsuppressed, {done.requeued} jobs back in "
-                                         f"line" + ("; `campaign resume` sends them" if paused else ""), out)
+        what = (f"{plural(done.unsuppressed, 'address', 'addresses')} unsuppressed, "
+                f"{plural(done.requeued, 'job')} back in line" + ("; `campaign resume` sends them" if paused else ""))
+        return _status_line(sd, args.id, what, out)
 
 
 def campaign_history(args: argparse.Namespace, out: Output) -> int:

@@ -14,6 +14,7 @@ from senddock.addresses import check_mailbox
 from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
+from senddock.wording import is_status
 
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
     from senddock.templates import Analysis
@@ -274,6 +275,10 @@ def check_not_sent(conn: psycopg.Connection, campaign_id: int) -> None:
 
 
 def _refuse_unless_draft(campaign_id: int, status: str, broadcast_id: int | None) -> None:
+    if status != "draft" and broadcast_id is None:  # cancelled before it was sent
+        raise InvalidState(
+            f"campaign {campaign_id} {is_status(status)} (it was never sent): `senddock campaign clone {campaign_id}` "
+            "makes a draft of it to send")
     if status != "draft":
         raise InvalidState(
             f"campaign {campaign_id} was already sent (broadcast {broadcast_id}, status {status}); a campaign is "
@@ -393,7 +398,7 @@ def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = OPE
     params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": False, "probe_in": 0}
     if conn.execute(query("campaign_pause"), params).fetchone() is None:
         status = get_campaign(conn, campaign_id).status
-        raise InvalidState(f"campaign {campaign_id} is {status}: only a sending or scheduled campaign can be paused")
+        raise InvalidState(f"campaign {campaign_id} {is_status(status)}: only a sending or scheduled campaign can be paused")
 
 
 def cancel_campaign(conn: psycopg.Connection, campaign_id: int) -> int:
@@ -402,7 +407,7 @@ def cancel_campaign(conn: psycopg.Connection, campaign_id: int) -> int:
         row = conn.execute(query("campaign_cancel"), {"campaign_id": campaign_id}).fetchone()
         if row is None:
             status = get_campaign(conn, campaign_id).status
-            raise InvalidState(f"campaign {campaign_id} is {status}: there is nothing left to cancel")
+            raise InvalidState(f"campaign {campaign_id} {is_status(status)}: there is nothing left to cancel")
         conn.execute(query("campaign_cancel_leftovers"))
     return row[1]
 
@@ -418,7 +423,7 @@ def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) ->
         row = conn.execute(query("campaign_requeue"), {"campaign_id": campaign_id, "reason": reason}).fetchone()
         if row is None:
             status = get_campaign(conn, campaign_id).status
-            raise InvalidState(f"campaign {campaign_id} is {status}: only a sending, paused or finished campaign "
+            raise InvalidState(f"campaign {campaign_id} {is_status(status)}: only a sending, paused or finished campaign "
                                "can be requeued")
         if row[2]:
             conn.execute(query("notify_jobs"), {"broadcast_id": row[1]})
@@ -448,7 +453,7 @@ def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:
         resumed = conn.execute(query("campaign_resume"), {"campaign_id": campaign_id}).fetchone()
         if resumed is None:
             status = get_campaign(conn, campaign_id).status
-            raise InvalidState(f"campaign {campaign_id} is {status}, not paused: only a paused campaign can be resumed")
+            raise InvalidState(f"campaign {campaign_id} {is_status(status)}, not paused: only a paused campaign can be resumed")
         broadcast_id = get_campaign(conn, campaign_id).broadcast_id
         conn.execute(query("notify_jobs"), {"broadcast_id": broadcast_id})
 
@@ -466,7 +471,7 @@ def unsuppress_campaign(conn: psycopg.Connection, campaign_id: int, *, since_pau
     with conn.transaction():
         campaign = get_campaign(conn, campaign_id)
         if campaign.broadcast_id is None:
-            raise InvalidState(f"campaign {campaign_id} is {campaign.status}: it has not been sent")
+            raise InvalidState(f"campaign {campaign_id} {is_status(campaign.status)}: it has not been sent")
         if since_pause and campaign.bounce_window_from is None:
             raise InvalidState(f"campaign {campaign_id} was never paused for its bounce rate: nothing to undo "
                                "--since-pause (--all undoes every suppression its bounces made)")

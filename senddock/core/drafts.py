@@ -17,7 +17,7 @@ from senddock.core import campaigns
 from senddock.core.campaigns import Campaign, CampaignDraft, get_campaign
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound, UsageError
-from senddock.wording import plural
+from senddock.wording import is_status, plural
 
 # What `campaign edit` can change, by the name its option and its JSON report use.
 EDITABLE = ("name", "subject", "from", "reply_to", "text", "html", "lists")
@@ -146,7 +146,7 @@ def delete_campaign(conn: psycopg.Connection, campaign_id: int, *, force: bool =
         with conn.cursor(row_factory=dict_row) as cur:
             counts = cur.execute(query("campaign_delete_counts"), params).fetchone()
         if counts["in_flight"]:
-            raise InvalidState(f"campaign {campaign_id} is {campaign.status} but {counts['in_flight']} of its sends "
+            raise InvalidState(f"campaign {campaign_id} {is_status(campaign.status)} but {counts['in_flight']} of its sends "
                                "are still in flight: wait for them to finish (`senddock campaign status "
                                f"{campaign_id}` shows SENDING 0), then delete it")
         if counts["unapplied_bounces"]:

@@ -292,3 +292,40 @@ def test_a_send_with_nobody_to_enqueue_is_refused_and_leaves_a_draft(cli, config
     sent = cli("campaign", "send", cid, "--no-unsubscribe", "-c", config_file)
     assert sent.exit_code == 0, sent.stderr
     assert sql(database_dsn, "SELECT status FROM campaigns WHERE id = %s", cid) == [("sending",)]
+    assert sent.stdout.startswith(f"campaign {cid}: broadcast ") and " enqueued 1 recipient, skipped 0 " in sent.stdout
+
+
+# -- 7. counts agree with their nouns; a draft is "a draft" ---------------------------------------------
+
+def test_counts_of_one_and_a_draft_read_as_english(cli, config_file, body, news, tmp_path):
+    supp = tmp_path / "supp.csv"
+    supp.write_text("email\nzed@example.com\nbroken\n", encoding="utf-8")
+    imported = cli("suppressions", "import", supp, "-c", config_file)
+    assert (imported.exit_code, imported.stdout) == (1, "1 suppressed, 0 already were, 1 row rejected\n")
+    exported = cli("suppressions", "export", tmp_path / "out.csv", "-c", config_file)
+    assert exported.stdout == f"1 address written to {tmp_path / 'out.csv'}\n"
+
+    cid = campaign(cli, config_file, body)
+    for action in ("pause", "resume"):
+        refused = cli("campaign", action, cid, "-c", config_file)
+        assert refused.exit_code == 1 and f"campaign {cid} is a draft" in refused.stderr, refused.stderr
+    requeue = cli("campaign", "requeue", cid, "--reason", "rejected", "-c", config_file)
+    assert requeue.stderr == (f"senddock: error: campaign {cid} is a draft: only a sending, paused or finished "
+                              "campaign can be requeued\n")
+    assert cli("subscribers", "unsubscribe", "bob@example.com", "-c", config_file).exit_code == 0
+    assert cli("subscribers", "unsubscribe", "cy@example.com", "-c", config_file).exit_code == 0
+    assert cli("campaign", "send", cid, "--no-unsubscribe", "-c", config_file).exit_code == 0
+    status = cli("campaign", "status", cid, "-c", config_file)
+    assert status.stdout.splitlines()[1].endswith(": 1 recipient, 2 skipped")
+    cancelled = cli("campaign", "cancel", cid, "-c", config_file)
+    assert cancelled.stdout == (f"campaign {cid}: cancelled, 1 unsent job failed as cancelled; now cancelled: "
+                                "0 sent, 1 failed, 0 to go\n")
+
+
+def test_sending_a_draft_cancelled_before_it_was_sent_says_so_without_none(cli, config_file, body, news):
+    cid = campaign(cli, config_file, body)
+    assert cli("campaign", "cancel", cid, "-c", config_file).exit_code == 0
+    refused = cli("campaign", "send", cid, "--no-unsubscribe", "-c", config_file)
+    assert (refused.exit_code, refused.stderr) == (1, (
+        f"senddock: error: campaign {cid} is cancelled (it was never sent): `senddock campaign clone {cid}` makes a "
+        "draft of it to send\n"))

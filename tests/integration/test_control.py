@@ -153,9 +153,9 @@ def test_requeue_keeps_a_paused_campaign_paused(make_config, smtp_sink):
 
 
 @pytest.mark.parametrize(("action", "message"), [
-    ("resume", "campaign 1 is draft, not paused"),
-    ("pause", "campaign 1 is draft: only a sending or scheduled campaign can be paused"),
-    ("requeue", "campaign 1 is draft: only a sending, paused or finished campaign can be requeued"),
+    ("resume", "campaign 1 is a draft, not paused"),
+    ("pause", "campaign 1 is a draft: only a sending or scheduled campaign can be paused"),
+    ("requeue", "campaign 1 is a draft: only a sending, paused or finished campaign can be requeued"),
 ])
 def test_a_campaign_in_the_wrong_state_gets_a_clear_error(make_config, action, message):
     app = Senddock(make_config(fast_settings()))
