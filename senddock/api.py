@@ -323,7 +323,8 @@ class Senddock:
         return sample[0]
 
     def resume_campaign(self, campaign_id: int) -> None:
-        """Put a paused campaign back to sending (after fixing what paused it)."""
+        """Put a paused campaign back to sending (after fixing what paused it); one paused before its
+        ``send_at`` goes back to scheduled and starts at that time."""
         with self._conn() as conn:
             campaigns.resume_campaign(conn, campaign_id)
 

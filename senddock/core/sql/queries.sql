@@ -252,8 +252,9 @@ UPDATE broadcasts
  WHERE id = %(broadcast_id)s;
 
 -- name: campaign_start
--- A broadcast with nobody to send to is finished at once; one sent for later waits 'scheduled'
--- (its jobs are enqueued now, so the count is known; nothing claims them before send_at).
+-- One sent for later waits 'scheduled' (its jobs are enqueued now, so the count is known; nothing
+-- claims them before send_at). A broadcast with nobody to send to never gets here (send_campaign
+-- refuses it and the campaign stays a draft): the 'finished' branch is a guard only.
 UPDATE campaigns
    SET status = CASE WHEN %(enqueued)s = 0 THEN 'finished'
                      WHEN %(send_at)s::timestamptz > now() THEN 'scheduled'
