@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from email.utils import parseaddr
+import re
+from email.utils import getaddresses
 
 from senddock import headertext
 from senddock.errors import InvalidInput
+
+# `Display Name <addr>`: one pair of angle brackets, closing the value.
+_ANGLE = re.compile(r"(?P<display>[^<>]*)<(?P<address>[^<>]*)>")
+# Characters a display name may hold only inside double quotes (RFC 5322 specials; "." is allowed
+# bare, as every mail program writes "J. Doe <j@example.com>").
+_SPECIALS = set('",;:@[]\\()<>')
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 def check_address(address: str) -> str:
@@ -24,15 +32,56 @@ def check_address(address: str) -> str:
     return address
 
 
-def check_mailbox(value: str, *, what: str) -> str:
-    """A header mailbox such as ``News <news@example.com>``; raises InvalidInput naming ``what``."""
-    if problem := headertext.problem(value.strip()):
-        raise InvalidInput(f"{what}: {value!r} contains {problem}")
-    display, address = parseaddr(value)
-    if not address or ("<" in value and ">" not in value):
-        raise InvalidInput(f"{what}: {value!r} is not an address")
+def mailbox_problem(value: str) -> str | None:
+    """Why ``value`` is not exactly one header mailbox (``Display Name <addr>`` or a bare addr), or None.
+
+    Strict where ``email.utils.parseaddr`` is lenient: it keeps the first address of a list and
+    glues trailing words onto the domain (``news@example.com junk`` -> ``news@example.comjunk``),
+    so a value is taken only when it is one mailbox and nothing else.
+    """
+    text = value.strip()
+    if not text:
+        return "no address given"
+    if problem := headertext.problem(text):
+        return f"contains {problem}"
+    found = _ANGLE.fullmatch(text)
+    if found:
+        display, address = found["display"].strip(), found["address"].strip()
+        if not address:
+            return "no address inside the angle brackets"
+        if display and not _QUOTED.fullmatch(display):
+            if "," in display and "@" in display:
+                return "one address only, not a list"
+            if specials := sorted(_SPECIALS & set(display)):
+                quoted = display if '"' not in display and "\\" not in display else "Name"
+                return (f"a display name with {' or '.join(map(repr, specials))} must be in double quotes: "
+                        f"'\"{quoted}\" <{address}>'")
+    elif text.count("<") > 1 or "," in text or ";" in text:
+        return "one address only, not a list"
+    elif "<" in text and ">" in text and text.index("<") < text.index(">"):
+        return "more than an address: nothing may follow the closing '>'"
+    elif "<" in text or ">" in text:
+        return "not an address: its angle brackets do not pair up (write 'Name <addr@domain>')"
+    elif re.search(r"\s", text):
+        if "@" in text:
+            return ("more than an address: a display name goes first, the address in angle brackets "
+                    "('Name <addr@domain>')")
+        return "not an address (write 'addr@domain' or 'Name <addr@domain>')"
+    else:
+        address = text
     try:
         check_address(address)
     except ValueError as exc:
-        raise InvalidInput(f"{what}: {exc}") from None
+        return str(exc)
+    # The message builder reads the value with getaddresses: it must find this one address.
+    if [addr for _, addr in getaddresses([text])] != [address]:
+        return "cannot be read as one address (write 'Name <addr@domain>')"
+    return None
+
+
+def check_mailbox(value: str, *, what: str) -> str:
+    """A header mailbox such as ``News <news@example.com>``, trimmed; raises InvalidInput quoting the
+    value and naming ``what`` (the option): ``--from 'a@b.com, c@d.com': one address only, not a list``."""
+    if problem := mailbox_problem(value):
+        raise InvalidInput(f"{what} {value.strip()!r}: {problem}")
     return value.strip()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from senddock import mime, unsubscribe
@@ -31,7 +31,7 @@ from senddock.core.db import Database
 from senddock.core.lists import MailingList
 from senddock.core.subscribers import ImportSummary, Normalised, Rejection
 from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
-from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound
+from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound, UsageError
 from senddock.outcome import (
     CampaignContent,
     Classification,
@@ -215,12 +215,15 @@ class Senddock:
 
         if send_at is not None and send_at.tzinfo is None:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
+        if send_at is not None:
+            _refuse_past(send_at)
         if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.section("unsubscribe"))):
             raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass --no-unsubscribe to send "
                                "without (a test list, a relay of your own)")
         with self._conn() as conn:
             campaigns.check_not_sent(conn, campaign_id)
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
+            _check_stored_addresses(content, prefix=f"campaign {campaign_id} not sent")
             try:
                 analysis = campaigns.check_content(content.subject, content.text_body, content.html_body,
                                                    unsubscribe_configured=self._unsubscribe_configured())
@@ -278,6 +281,7 @@ class Senddock:
 
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
+            _check_stored_addresses(content, prefix=f"campaign {campaign_id}")
             recipient = self._sample_subscriber(conn, campaign_id, email)
         try:
             message = self.composer.message(
@@ -319,7 +323,8 @@ class Senddock:
         return sample[0]
 
     def resume_campaign(self, campaign_id: int) -> None:
-        """Put a paused campaign back to sending (after fixing what paused it)."""
+        """Put a paused campaign back to sending (after fixing what paused it); one paused before its
+        ``send_at`` goes back to scheduled and starts at that time."""
         with self._conn() as conn:
             campaigns.resume_campaign(conn, campaign_id)
 
@@ -398,6 +403,32 @@ class Senddock:
     def suppress(self, email: str, *, reason: str = "manual") -> bool:
         self.ensure_schema()
         return self.suppressions.add(email, reason=reason)
+
+
+# A time this close behind the clock is taken as "now" (clock skew, a command typed a few seconds
+# late); further back it is a mistake: the campaign would go out at once under a "scheduled" line.
+PAST_SEND_AT_GRACE = timedelta(minutes=1)
+
+
+def _refuse_past(send_at: datetime) -> None:
+    from senddock.durations import rough_duration
+
+    behind = datetime.now(timezone.utc) - send_at
+    if behind > PAST_SEND_AT_GRACE:
+        raise UsageError(f"--at {send_at.isoformat()} is in the past ({rough_duration(behind.total_seconds())} ago): "
+                         "leave --at out to send now")
+
+
+def _check_stored_addresses(content: CampaignContent, *, prefix: str) -> None:
+    """A From or Reply-To stored before `campaign create` checked them strictly (a list, trailing
+    words) is one clear line here, not a traceback from the message builder."""
+    from senddock.addresses import mailbox_problem
+
+    cid = content.campaign_id
+    for header, option, value in (("From", "--from", content.from_addr), ("Reply-To", "--reply-to", content.reply_to)):
+        if value and (problem := mailbox_problem(value)):
+            raise InvalidInput(f"{prefix}: its {header} {value!r} is not usable: {problem}; fix it with "
+                               f"`senddock campaign edit {cid} {option} ADDR`")
 
 
 def _missing_attributes_message(campaign_id: int, missing: list[campaigns.MissingAttribute],

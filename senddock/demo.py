@@ -27,6 +27,7 @@ from senddock.config import load_config
 from senddock.core.db import Database, embedded_server, stop_embedded
 from senddock.core.runner import Runner
 from senddock.sink import FailRule, Sink
+from senddock.wording import plural
 
 SUBSCRIBERS = 1000
 BOUNCING = 5
@@ -96,7 +97,7 @@ def _prepare(app: Senddock, show: Callable[[str], None]) -> int:
     campaign_id = app.create_campaign(name="Demo", lists=["demo"], subject="Hello from senddock",
                                       from_addr="senddock demo <demo@example.com>", text_body="Hello!")
     sent = app.send_campaign(campaign_id)
-    show(f"campaign {campaign_id}: enqueued {sent.enqueued} recipients on an embedded Postgres "
+    show(f"campaign {campaign_id}: enqueued {plural(sent.enqueued, 'recipient')} on an embedded Postgres "
          f"({BOUNCING} will bounce, {DEFERRED} will be deferred once)")
     return campaign_id
 
@@ -131,6 +132,7 @@ def _crash_and_resume(app, campaign_id, config_path, dsn, show, progress) -> Non
         node.send_signal(signal.SIGKILL)
         node.wait()
         status = app.campaign_status(campaign_id)
+        # "jobs" whatever the count: README's walk-through shows this line and matches the word.
         show(f"killed the sending process with SIGKILL at {status.sent} sent, {status.sending} jobs in flight")
         node = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         show("restarted it; it recovers its dead incarnation's jobs at once")

@@ -31,3 +31,16 @@ def format_duration(seconds: float) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts) or "0s"
+
+
+_ROUGH = (("year", 365 * 86400), ("month", 30 * 86400), ("day", 86400), ("hour", 3600), ("minute", 60))
+
+
+def rough_duration(seconds: float) -> str:
+    """How long, in its largest whole unit, for a person: ``5 years``, ``1 month``, ``40 seconds``."""
+    from senddock.wording import plural
+
+    for unit, size in _ROUGH:
+        if seconds >= size:
+            return plural(int(seconds // size), unit)
+    return plural(int(seconds), "second")

@@ -8,7 +8,7 @@ import sys
 
 from senddock.addresses import check_address
 from senddock.cli.commands import open_senddock
-from senddock.cli.output import Output, table
+from senddock.cli.output import Output, plural, table
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
 from senddock.outcome import SUPPRESSION_REASONS as REASONS
@@ -137,7 +137,7 @@ def suppressions_import(args: argparse.Namespace, out: Output) -> int:
     for problem in problems:
         out.problem(problem)
     out.result({"added": added, "already": len(rows) - added, "rejected": len(problems)},
-               f"{added} suppressed, {len(rows) - added} already were, {len(problems)} rows rejected")
+               f"{added} suppressed, {len(rows) - added} already were, {plural(len(problems), 'row')} rejected")
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
@@ -157,7 +157,8 @@ def suppressions_export(args: argparse.Namespace, out: Output) -> int:
         if stream is not sys.stdout:
             stream.close()
     if args.file != "-":
-        out.result({"exported": len(rows), "file": args.file}, f"{len(rows)} addresses written to {args.file}")
+        out.result({"exported": len(rows), "file": args.file},
+                   f"{plural(len(rows), 'address', 'addresses')} written to {args.file}")
     return EXIT_OK
 
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from senddock.cli.output import Output, table
+from senddock.cli.output import Output, plural, table
 from senddock.config import Config, find_config_path, load_config
 from senddock.durations import format_duration
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
@@ -228,12 +228,15 @@ def campaign_ls(args: argparse.Namespace, out: Output) -> int:
 def campaign_send(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         result = sd.send_campaign(args.id, send_at=args.at, require_unsubscribe=not args.no_unsubscribe)
-    when = f", scheduled for {args.at.isoformat()}" if args.at else ""
+        # An --at a few seconds behind the clock sends now: say what happened, not what was asked.
+        scheduled = args.at is not None and sd.campaign(args.id).status == "scheduled"
+    when = f", scheduled for {args.at.isoformat()}" if scheduled else ""
     out.result(
         {**{k: getattr(result, k) for k in ("campaign_id", "broadcast_id", "enqueued", "skipped",
                                              "skipped_suppressed", "skipped_unsubscribed")},
          "send_at": args.at},
-        f"campaign {result.campaign_id}: broadcast {result.broadcast_id} enqueued {result.enqueued} recipients{when}, "
+        f"campaign {result.campaign_id}: broadcast {result.broadcast_id} enqueued "
+        f"{plural(result.enqueued, 'recipient')}{when}, "
         f"skipped {result.skipped} ({result.skipped_suppressed} suppressed, "
         f"{result.skipped_unsubscribed} unsubscribed or blocklisted)",
     )
@@ -247,7 +250,7 @@ def probe_line(status) -> str:
         wait = (status.next_probe_at - datetime.now(timezone.utc)).total_seconds()
         line += f"; next probe in {format_duration(max(0.0, wait))}"
     if status.probes_failed:
-        line += f"; {status.probes_failed} probes failed, last: {status.last_probe}"
+        line += f"; {plural(status.probes_failed, 'probe')} failed, last: {status.last_probe}"
     return line
 
 
@@ -280,7 +283,8 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
         if status.broadcast_id is None:
             lines.append("not sent yet")
             return "\n".join(lines)
-        lines.append(f"broadcast {status.broadcast_id}: {status.total} recipients, {status.skipped} skipped")
+        lines.append(f"broadcast {status.broadcast_id}: {plural(status.total, 'recipient')}, "
+                     f"{status.skipped} skipped")
         lines.append(table(
             ["pending", "sending", "retry", "sent", "failed", "bounced"],
             [[status.pending, status.sending, status.retry, status.sent, status.failed, status.bounced]],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from senddock.cli.commands import open_senddock
-from senddock.cli.output import Output, table
+from senddock.cli.output import Output, plural, table
 from senddock.errors import EXIT_OK
 
 
@@ -50,27 +50,37 @@ def campaign_pause(args: argparse.Namespace, out: Output) -> int:
 def campaign_resume(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         sd.resume_campaign(args.id)
-        return _status_line(sd, args.id, "resumed", out)
+        campaign = sd.campaign(args.id)
+        if campaign.status != "scheduled" or campaign.send_at is None:
+            return _status_line(sd, args.id, "resumed", out)
+        status = sd.campaign_status(args.id)
+    # Paused before its time: it waits for that time again, nothing is sent before.
+    when = campaign.send_at.astimezone().isoformat(timespec="seconds")
+    out.result({**status.as_dict(), "send_at": campaign.send_at},
+               f"campaign {args.id}: resumed; scheduled for {when}: {plural(status.pending, 'recipient')} "
+               "enqueued, nothing is sent before then")
+    return EXIT_OK
 
 
 def campaign_requeue(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         count = sd.requeue_campaign(args.id, args.reason)
-        return _status_line(sd, args.id, f"{count} jobs failed as {args.reason} requeued", out)
+        return _status_line(sd, args.id, f"requeued {plural(count, 'job')} that failed as {args.reason}", out)
 
 
 def campaign_cancel(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         count = sd.cancel_campaign(args.id)
-        return _status_line(sd, args.id, f"cancelled, {count} unsent jobs failed as cancelled", out)
+        return _status_line(sd, args.id, f"cancelled, {plural(count, 'unsent job')} failed as cancelled", out)
 
 
 def campaign_unsuppress(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         done = sd.unsuppress_campaign(args.id, since_pause=args.since_pause)
         paused = sd.campaign_status(args.id).status == "paused"
-        return _status_line(sd, args.id, f"{done.unsuppressed} addresses unsuppressed, {done.requeued} jobs back in "
-                                         f"line" + ("; `campaign resume` sends them" if paused else ""), out)
+        what = (f"{plural(done.unsuppressed, 'address', 'addresses')} unsuppressed, "
+                f"{plural(done.requeued, 'job')} back in line" + ("; `campaign resume` sends them" if paused else ""))
+        return _status_line(sd, args.id, what, out)
 
 
 def campaign_history(args: argparse.Namespace, out: Output) -> int:

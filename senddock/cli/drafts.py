@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from senddock.cli.commands import _read_body, open_senddock
-from senddock.cli.output import Output
+from senddock.cli.output import Output, plural
 from senddock.errors import EXIT_OK
 
 if TYPE_CHECKING:
@@ -60,15 +60,18 @@ def _edit_lines(edited: Edited) -> str:
         elif key == "lists":
             lines.append(f"  lists: {', '.join(old) or '-'} -> {', '.join(new)}")
         else:
-            lines.append(f"  {key.replace('_', '-')}: {old!r} -> {new!r}")
+            lines.append(f"  {key.replace('_', '-')}: {_value(old)} -> {_value(new)}")
     return "\n".join(lines)
+
+
+def _value(value: str | None) -> str:
+    return "none" if value is None else repr(value)
 
 
 def _size(body: str | None) -> str:
     if body is None:
         return "none"
-    count = len(body.splitlines())
-    return f"{count} line" if count == 1 else f"{count} lines"
+    return plural(len(body.splitlines()), "line")
 
 
 def campaign_clone(args: argparse.Namespace, out: Output) -> int:
@@ -90,9 +93,10 @@ def _delete_line(d: Deleted) -> str:
     line = f"deleted campaign {d.id} ({d.status})"
     if d.broadcast_id is None:
         return line
-    line += (f": broadcast {d.broadcast_id}, {d.jobs} jobs, {d.delivery_attempts} delivery attempts, "
-             f"{d.delivery_events} provider events, {d.campaign_events} status changes, "
-             f"{d.claim_floors} claim floor rows")
+    # What a person knows of a campaign; the internal tables (claim floors) are in --json only.
+    line += (f": broadcast {d.broadcast_id}, {plural(d.jobs, 'job')}, "
+             f"{plural(d.delivery_attempts, 'delivery attempt')}, {plural(d.delivery_events, 'provider event')}, "
+             f"{plural(d.campaign_events, 'status change')}")
     if d.suppressions_kept:
-        line += f"; kept the {d.suppressions_kept} suppressions its bounces made"
+        line += f"; kept the {plural(d.suppressions_kept, 'suppression')} its bounces made"
     return line

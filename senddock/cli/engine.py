@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from senddock.cli import argtypes
 from senddock.cli.commands import open_config, open_senddock
-from senddock.cli.output import Output
+from senddock.cli.output import Output, plural
 from senddock.durations import parse_duration
 from senddock.errors import EXIT_OK, UsageError
 
@@ -68,7 +68,7 @@ def sink(args: argparse.Namespace, out: Output) -> int:
             pass
     finally:
         server.stop()
-    out.result({"received": len(server.received)}, f"received {len(server.received)} messages")
+    out.result({"received": len(server.received)}, f"received {plural(len(server.received), 'message')}")
     return EXIT_OK
 
 

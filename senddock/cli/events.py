@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from senddock.cli.commands import open_senddock
-from senddock.cli.output import Output
+from senddock.cli.output import Output, plural
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
 
 
@@ -72,7 +72,7 @@ def ingest(args: argparse.Namespace, out: Output) -> int:
             for email in applied.hooks_failed:
                 totals["problems"].append(f"{where}: on_bounced failed for {email}; apply it again later")
     out.result(totals, lambda: (
-        f"{totals['documents']} documents: {totals['recorded']} events recorded "
-        f"({totals['already_recorded']} already known), {totals['suppressed']} addresses suppressed, "
-        f"{len(totals['problems'])} problems"))
+        f"{plural(totals['documents'], 'document')}: {plural(totals['recorded'], 'event')} recorded "
+        f"({totals['already_recorded']} already known), {plural(totals['suppressed'], 'address', 'addresses')} "
+        f"suppressed, {plural(len(totals['problems']), 'problem')}"))
     return EXIT_PROBLEMS if totals["problems"] else EXIT_OK

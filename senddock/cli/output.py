@@ -10,6 +10,10 @@ from dataclasses import asdict, is_dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
+from senddock.wording import plural
+
+__all__ = ["Output", "plural", "table", "to_jsonable"]
+
 
 def to_jsonable(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):

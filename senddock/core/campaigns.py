@@ -14,6 +14,7 @@ from senddock.addresses import check_mailbox
 from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
+from senddock.wording import is_status
 
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
     from senddock.templates import Analysis
@@ -274,6 +275,10 @@ def check_not_sent(conn: psycopg.Connection, campaign_id: int) -> None:
 
 
 def _refuse_unless_draft(campaign_id: int, status: str, broadcast_id: int | None) -> None:
+    if status != "draft" and broadcast_id is None:  # cancelled before it was sent
+        raise InvalidState(
+            f"campaign {campaign_id} {is_status(status)} (it was never sent): `senddock campaign clone {campaign_id}` "
+            "makes a draft of it to send")
     if status != "draft":
         raise InvalidState(
             f"campaign {campaign_id} was already sent (broadcast {broadcast_id}, status {status}); a campaign is "
@@ -285,7 +290,8 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
     """Create the campaign's broadcast and enqueue one pending job per recipient, in one transaction.
 
     Only active subscribers of the campaign's lists whose address is not suppressed are enqueued;
-    the rest are counted as skipped. Workers are woken with NOTIFY when the transaction commits.
+    the rest are counted as skipped. With nobody to enqueue nothing changes (InvalidState): the
+    campaign stays a draft. Workers are woken with NOTIFY when the transaction commits.
     """
     with conn.transaction():
         locked = conn.execute(query("campaign_lock"), {"campaign_id": campaign_id}).fetchone()
@@ -299,6 +305,10 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
             counts = cur.execute(
                 query("broadcast_enqueue"), {"broadcast_id": broadcast_id, "list_ids": list_ids}
             ).fetchone()
+        if not counts["enqueued"]:
+            # Raised inside the transaction: the broadcast goes with it and the campaign stays a
+            # draft, to send once its lists have someone to reach (a send is once only).
+            raise InvalidState(_nobody_to_send_to(conn, campaign_id, counts))
         params = {**counts, "broadcast_id": broadcast_id, "campaign_id": campaign_id, "send_at": send_at}
         conn.execute(query("broadcast_record_counts"), params)
         conn.execute(query("campaign_start"), params)
@@ -311,6 +321,20 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
         skipped_suppressed=counts["skipped_suppressed"],
         skipped_unsubscribed=counts["skipped_unsubscribed"],
     )
+
+
+def _nobody_to_send_to(conn: psycopg.Connection, campaign_id: int, counts: dict[str, int]) -> str:
+    from senddock.wording import plural
+
+    names = get_campaign(conn, campaign_id).lists
+    lists = f"{'list' if len(names) == 1 else 'lists'} {', '.join(names)}"
+    suppressed, unsubscribed = counts["skipped_suppressed"], counts["skipped_unsubscribed"]
+    if not suppressed + unsubscribed:
+        why = f"its {lists} {'has' if len(names) == 1 else 'have'} no subscribers"
+    else:
+        why = (f"all {plural(suppressed + unsubscribed, 'subscriber')} of its {lists} would be skipped "
+               f"({suppressed} suppressed, {unsubscribed} unsubscribed or blocklisted)")
+    return f"campaign {campaign_id} not sent: nobody to send to, {why}; it is still a draft"
 
 
 def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatus:
@@ -374,7 +398,7 @@ def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = OPE
     params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": False, "probe_in": 0}
     if conn.execute(query("campaign_pause"), params).fetchone() is None:
         status = get_campaign(conn, campaign_id).status
-        raise InvalidState(f"campaign {campaign_id} is {status}: only a sending or scheduled campaign can be paused")
+        raise InvalidState(f"campaign {campaign_id} {is_status(status)}: only a sending or scheduled campaign can be paused")
 
 
 def cancel_campaign(conn: psycopg.Connection, campaign_id: int) -> int:
@@ -383,13 +407,15 @@ def cancel_campaign(conn: psycopg.Connection, campaign_id: int) -> int:
         row = conn.execute(query("campaign_cancel"), {"campaign_id": campaign_id}).fetchone()
         if row is None:
             status = get_campaign(conn, campaign_id).status
-            raise InvalidState(f"campaign {campaign_id} is {status}: there is nothing left to cancel")
+            raise InvalidState(f"campaign {campaign_id} {is_status(status)}: there is nothing left to cancel")
         conn.execute(query("campaign_cancel_leftovers"))
     return row[1]
 
 
 def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) -> int:
-    """Put the failed jobs of ``reason`` back in line; returns how many."""
+    """Put the failed jobs of ``reason`` back in line; returns how many (0 when every one of them is
+    of an address suppressed since). A reason none of its jobs failed for is refused, naming those
+    that it has: a typo must not pass for "nothing to requeue"."""
     if reason in NEVER_REQUEUED:
         raise InvalidInput(f"--reason {reason}: jobs failed as {reason} are about the address itself and are "
                            f"never requeued ({', '.join(NEVER_REQUEUED)})")
@@ -397,11 +423,29 @@ def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) ->
         row = conn.execute(query("campaign_requeue"), {"campaign_id": campaign_id, "reason": reason}).fetchone()
         if row is None:
             status = get_campaign(conn, campaign_id).status
-            raise InvalidState(f"campaign {campaign_id} is {status}: only a sending, paused or finished campaign "
+            raise InvalidState(f"campaign {campaign_id} {is_status(status)}: only a sending, paused or finished campaign "
                                "can be requeued")
         if row[2]:
             conn.execute(query("notify_jobs"), {"broadcast_id": row[1]})
+        else:
+            with conn.cursor(row_factory=dict_row) as cur:
+                failed = cur.execute(query("broadcast_counts"), {"broadcast_id": row[1]}).fetchone()
+            if reason not in failed["failed_by_reason"]:
+                # A typo must not read as "0 jobs requeued": say which reasons there are.
+                raise InvalidInput(_no_such_failure(campaign_id, reason, failed["failed_by_reason"]))
     return row[2]
+
+
+def _no_such_failure(campaign_id: int, reason: str, failed_by_reason: dict[str, int]) -> str:
+    message = f"--reason {reason}: campaign {campaign_id} has no jobs that failed as {reason}"
+    if not failed_by_reason:
+        return message + "; it has no failed jobs at all"
+    requeueable = [f"{r} {n}" for r, n in failed_by_reason.items() if r not in NEVER_REQUEUED]
+    never = [f"{r} {n}" for r, n in failed_by_reason.items() if r in NEVER_REQUEUED]
+    message += f"; its failed jobs by reason: {', '.join(requeueable) if requeueable else 'none that can be requeued'}"
+    if never:
+        message += f"; never requeued (about the address itself): {', '.join(never)}"
+    return message
 
 
 def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:
@@ -409,7 +453,7 @@ def resume_campaign(conn: psycopg.Connection, campaign_id: int) -> None:
         resumed = conn.execute(query("campaign_resume"), {"campaign_id": campaign_id}).fetchone()
         if resumed is None:
             status = get_campaign(conn, campaign_id).status
-            raise InvalidState(f"campaign {campaign_id} is {status}, not paused: only a paused campaign can be resumed")
+            raise InvalidState(f"campaign {campaign_id} {is_status(status)}, not paused: only a paused campaign can be resumed")
         broadcast_id = get_campaign(conn, campaign_id).broadcast_id
         conn.execute(query("notify_jobs"), {"broadcast_id": broadcast_id})
 
@@ -427,7 +471,7 @@ def unsuppress_campaign(conn: psycopg.Connection, campaign_id: int, *, since_pau
     with conn.transaction():
         campaign = get_campaign(conn, campaign_id)
         if campaign.broadcast_id is None:
-            raise InvalidState(f"campaign {campaign_id} is {campaign.status}: it has not been sent")
+            raise InvalidState(f"campaign {campaign_id} {is_status(campaign.status)}: it has not been sent")
         if since_pause and campaign.bounce_window_from is None:
             raise InvalidState(f"campaign {campaign_id} was never paused for its bounce rate: nothing to undo "
                                "--since-pause (--all undoes every suppression its bounces made)")

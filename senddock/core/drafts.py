@@ -17,6 +17,7 @@ from senddock.core import campaigns
 from senddock.core.campaigns import Campaign, CampaignDraft, get_campaign
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound, UsageError
+from senddock.wording import is_status, plural
 
 # What `campaign edit` can change, by the name its option and its JSON report use.
 EDITABLE = ("name", "subject", "from", "reply_to", "text", "html", "lists")
@@ -131,8 +132,9 @@ _LIVE = ("sending", "paused")
 def delete_campaign(conn: psycopg.Connection, campaign_id: int, *, force: bool = False) -> Deleted:
     """Delete a campaign and what belongs to it alone, in one transaction; never its suppressions.
 
-    A draft or a scheduled campaign goes as it is; a cancelled or finished one (its delivery
-    history) only with ``force``; a sending or paused one never: cancel it first.
+    A draft or a scheduled campaign goes as it is, and so does one cancelled before it was sent (no
+    broadcast); a cancelled or finished one with a delivery history only with ``force``; a sending
+    or paused one never: cancel it first.
     """
     with conn.transaction():
         campaign = _locked(conn, campaign_id)
@@ -144,20 +146,22 @@ def delete_campaign(conn: psycopg.Connection, campaign_id: int, *, force: bool =
         with conn.cursor(row_factory=dict_row) as cur:
             counts = cur.execute(query("campaign_delete_counts"), params).fetchone()
         if counts["in_flight"]:
-            raise InvalidState(f"campaign {campaign_id} is {campaign.status} but {counts['in_flight']} of its sends "
+            raise InvalidState(f"campaign {campaign_id} {is_status(campaign.status)} but {counts['in_flight']} of its sends "
                                "are still in flight: wait for them to finish (`senddock campaign status "
                                f"{campaign_id}` shows SENDING 0), then delete it")
         if counts["unapplied_bounces"]:
             raise InvalidState(f"campaign {campaign_id}: {counts['unapplied_bounces']} of its bounces are not yet "
                                "applied to the suppression list (a node running `senddock run` applies them "
                                "within a poll); deleting it now would lose them, so try again then")
-        if campaign.status not in _UNSENT and not force:
+        # A campaign cancelled before it was sent has no broadcast: no history to lose, no --force.
+        if campaign.status not in _UNSENT and campaign.broadcast_id is not None and not force:
             raise InvalidState(
                 f"campaign {campaign_id} is {campaign.status}: deleting it removes its delivery history "
-                f"(broadcast {campaign.broadcast_id}, {counts['jobs']} jobs of which {counts['sent']} sent, "
-                f"{counts['delivery_attempts']} delivery attempts, {counts['delivery_events']} provider events); "
-                "add --force to delete it anyway" + (f" (the {counts['suppressions_kept']} suppressions its "
-                                                     "bounces made are kept)" if counts["suppressions_kept"] else ""))
+                f"(broadcast {campaign.broadcast_id}: {plural(counts['jobs'], 'job')}, {counts['sent']} sent, "
+                f"{plural(counts['delivery_attempts'], 'delivery attempt')}, "
+                f"{plural(counts['delivery_events'], 'provider event')}); add --force to delete it anyway"
+                + (f" (the {plural(counts['suppressions_kept'], 'suppression')} its bounces made "
+                   f"{'is' if counts['suppressions_kept'] == 1 else 'are'} kept)" if counts["suppressions_kept"] else ""))
         with conn.cursor(row_factory=dict_row) as cur:
             removed = cur.execute(query("campaign_delete"), params).fetchone()
         if removed["in_flight"]:

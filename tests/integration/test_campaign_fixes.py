@@ -76,7 +76,7 @@ def test_edit_changes_a_draft_and_says_what_changed(app, run_senddock, config_pa
     assert human.stdout.splitlines() == [
         f"campaign {cid}: changed name, reply_to",
         "  name: 'Launch' -> 'Launch day'",
-        "  reply-to: 'Help <help@example.com>' -> None",
+        "  reply-to: 'Help <help@example.com>' -> none",
     ]
     same = run_senddock("campaign", "edit", cid, "--subject", "Hello", "-c", config_path)
     assert (same.exit_code, same.stdout) == (0, f"campaign {cid}: nothing changed (it already had that content)\n")
@@ -86,7 +86,7 @@ def test_edit_changes_a_draft_and_says_what_changed(app, run_senddock, config_pa
 
 @pytest.mark.parametrize(("option", "value", "message"), [
     ("--text", "bad.txt", "--text: template error, line 2: unexpected '}'"),
-    ("--from", "not an address", "--from: invalid address"),
+    ("--from", "not an address", "--from 'not an address': not an address"),
     ("--list", "nope", "no list named 'nope'"),
     ("--subject", " ", "--subject: a campaign needs a subject"),
 ])
@@ -209,8 +209,8 @@ def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_conf
     attempts = rows(database_dsn, "SELECT count(*) FROM delivery_attempts WHERE broadcast_id = %s", broadcast)[0][0]
     assert refused.stderr.strip() == (
         f"senddock: error: campaign {doomed} is finished: deleting it removes its delivery history (broadcast "
-        f"{broadcast}, 3 jobs of which 2 sent, {attempts} delivery attempts, 1 provider events); add --force to "
-        "delete it anyway (the 1 suppressions its bounces made are kept)")
+        f"{broadcast}: 3 jobs, 2 sent, {attempts} delivery attempts, 1 provider event); add --force to "
+        "delete it anyway (the 1 suppression its bounces made is kept)")
 
     forced = run_senddock("campaign", "delete", doomed, "--force", "-c", config_path, "--json")
     assert forced.exit_code == 0, forced.stderr

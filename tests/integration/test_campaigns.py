@@ -92,11 +92,14 @@ def test_two_concurrent_sends_of_one_campaign_enqueue_once(audience):
         assert conn.execute("SELECT count(*) FROM broadcast_jobs").fetchone() == (6,)
 
 
-def test_a_campaign_with_nobody_to_send_to_finishes_at_once(senddock_app):
+def test_a_campaign_with_nobody_to_send_to_is_refused_and_stays_a_draft(senddock_app):
     senddock_app.create_list("empty")
     cid = campaign(senddock_app, lists=("empty",))
-    assert senddock_app.send_campaign(cid).enqueued == 0
-    assert senddock_app.campaign_status(cid).status == "finished"
+    with pytest.raises(InvalidState, match="nobody to send to, its list empty has no subscribers; it is still a draft"):
+        senddock_app.send_campaign(cid)
+    assert senddock_app.campaign_status(cid).status == "draft"
+    with senddock_app.db.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM broadcasts").fetchone() == (0,)
 
 
 def test_send_notifies_listening_workers_on_commit(audience, database_dsn):

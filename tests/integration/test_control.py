@@ -125,8 +125,10 @@ def test_requeue_after_fixing_the_relay_never_touches_bounces(make_config, smtp_
     assert jobs["bounce1@example.com"][:2] == ("failed", "bounced")
     assert suppressed(app) == {"bounce1@example.com": "bounced"}
     assert app.campaign_status(campaign_id).status == "finished"
-    # Nothing left of that reason: nothing changes, the campaign stays finished.
-    assert app.requeue_campaign(campaign_id, "policy_rejected") == 0
+    # Nothing left of that reason: refused, naming what there is; nothing changes, it stays finished.
+    with pytest.raises(InvalidInput, match="no jobs that failed as policy_rejected; its failed jobs by reason: none "
+                                           "that can be requeued; never requeued .*: bounced 1"):
+        app.requeue_campaign(campaign_id, "policy_rejected")
     assert app.campaign_status(campaign_id).status == "finished"
     with app.db.connection() as conn:
         assert conn.execute("SELECT finished_at IS NOT NULL FROM broadcasts").fetchone() == (True,)
@@ -141,7 +143,9 @@ def test_requeue_keeps_a_paused_campaign_paused(make_config, smtp_sink):
     drain(app.config)
     status = app.campaign_status(campaign_id)
     assert status.status == "paused" and status.failed_by_reason.get("policy_rejected", 0) >= 1
-    assert app.requeue_campaign(campaign_id, "typo_reason") == 0
+    with pytest.raises(InvalidInput, match="no jobs that failed as typo_reason; its failed jobs by reason: "
+                                           "policy_rejected"):
+        app.requeue_campaign(campaign_id, "typo_reason")
     assert app.requeue_campaign(campaign_id, "policy_rejected") >= 1
     after = app.campaign_status(campaign_id)
     assert (after.status, after.paused_reason) == ("paused", status.paused_reason)  # resume decides
@@ -149,9 +153,9 @@ def test_requeue_keeps_a_paused_campaign_paused(make_config, smtp_sink):
 
 
 @pytest.mark.parametrize(("action", "message"), [
-    ("resume", "campaign 1 is draft, not paused"),
-    ("pause", "campaign 1 is draft: only a sending or scheduled campaign can be paused"),
-    ("requeue", "campaign 1 is draft: only a sending, paused or finished campaign can be requeued"),
+    ("resume", "campaign 1 is a draft, not paused"),
+    ("pause", "campaign 1 is a draft: only a sending or scheduled campaign can be paused"),
+    ("requeue", "campaign 1 is a draft: only a sending, paused or finished campaign can be requeued"),
 ])
 def test_a_campaign_in_the_wrong_state_gets_a_clear_error(make_config, action, message):
     app = Senddock(make_config(fast_settings()))

@@ -45,7 +45,7 @@ def test_sink_command_accepts_saves_and_fails_chosen_recipients(tmp_path: Path):
         stdout, stderr = sink.communicate(timeout=30)
     assert sink.returncode == 0, stderr
     assert "ok@example.com  <m1@example.com>  hi" in stdout
-    assert "received 1 messages" in stdout
+    assert "received 1 message\n" in stdout
     saved = list((tmp_path / "mail").glob("*.eml"))
     assert len(saved) == 1 and b"hello" in saved[0].read_bytes()
 

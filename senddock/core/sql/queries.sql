@@ -252,8 +252,9 @@ UPDATE broadcasts
  WHERE id = %(broadcast_id)s;
 
 -- name: campaign_start
--- A broadcast with nobody to send to is finished at once; one sent for later waits 'scheduled'
--- (its jobs are enqueued now, so the count is known; nothing claims them before send_at).
+-- One sent for later waits 'scheduled' (its jobs are enqueued now, so the count is known; nothing
+-- claims them before send_at). A broadcast with nobody to send to never gets here (send_campaign
+-- refuses it and the campaign stays a draft): the 'finished' branch is a guard only.
 UPDATE campaigns
    SET status = CASE WHEN %(enqueued)s = 0 THEN 'finished'
                      WHEN %(send_at)s::timestamptz > now() THEN 'scheduled'
@@ -641,7 +642,7 @@ SELECT r.id, r.broadcast_id, r.email, r.status, r.failure_reason, r.started AS i
 FROM recovered r LEFT JOIN dead d ON d.id = r.claimed_by;
 
 -- name: campaign_pause
--- Scheduled campaigns can be paused too: resume then sends them at once. With auto_resume (a pause
+-- Scheduled campaigns can be paused too: resume makes them wait for send_at again. With auto_resume (a pause
 -- for relay trouble) the relay is probed from probe_in seconds on, and the campaign resumes by
 -- itself once it answers (campaign_probe_due, campaign_auto_resume).
 -- An operator may also pause a campaign paused for relay trouble: it then waits for them.
@@ -812,15 +813,20 @@ WITH target AS (
 SELECT t.id, t.broadcast_id, (SELECT count(*) FROM requeued) AS jobs FROM target t;
 
 -- name: campaign_resume
+-- A campaign paused while it waited for its send_at goes back to waiting ('scheduled') while that
+-- time is ahead: campaigns_start_scheduled starts it then, as if it had never been paused. Past
+-- its time (or never scheduled) it sends now.
 -- After a bounce-rate pause a person judged the bounces real: the breaker counts afresh from here.
-UPDATE campaigns SET status = 'sending', paused_reason = NULL, started_at = coalesce(started_at, now()),
+UPDATE campaigns SET status = CASE WHEN send_at > now() THEN 'scheduled' ELSE 'sending' END,
+       paused_reason = NULL,
+       started_at = CASE WHEN send_at > now() THEN started_at ELSE coalesce(started_at, now()) END,
        auto_resume = false, probe_at = NULL, updated_at = now(),
        bounce_count_from = CASE WHEN paused_reason = 'bounce_rate'
                                 THEN (SELECT coalesce(max(a.id), 0) + 1 FROM delivery_attempts a
                                        WHERE a.broadcast_id = campaigns.broadcast_id)
                                 ELSE bounce_count_from END
  WHERE id = %(campaign_id)s AND status = 'paused'
-RETURNING id;
+RETURNING id, status, send_at;
 
 -- name: campaigns_finish
 -- A campaign stays 'sending' until every job of its broadcast is sent or failed. Run after result
