@@ -14,11 +14,12 @@ from typing import Any
 from urllib.parse import quote
 
 from senddock import headertext, mime, unsubscribe
+from senddock.addresses import mailbox_problem
 from senddock.config import Config
 from senddock.errors import InvalidInput
 from senddock.outcome import CampaignContent, Message, MessageSigner, Recipient
 from senddock.signing import signer_from_config
-from senddock.templates import CampaignTemplates, context_for
+from senddock.templates import CampaignTemplates, TemplateError, context_for
 
 ONE_CLICK = "List-Unsubscribe=One-Click"  # RFC 8058's List-Unsubscribe-Post value
 
@@ -77,6 +78,10 @@ class Composer:
         """Compile a campaign's templates (raises TemplateError); cached per campaign."""
         prepared = self._prepared.get(content.campaign_id)
         if prepared is None or prepared.content != content:
+            # A From stored before --from was checked strictly (a list, trailing words) would crash
+            # every send of the campaign: its first send pauses it with the reason instead.
+            if problem := mailbox_problem(content.from_addr):
+                raise TemplateError("from", f"the campaign's From {content.from_addr!r} is not usable: {problem}")
             prepared = PreparedCampaign(
                 content=content,
                 templates=CampaignTemplates.compile(content.subject, content.text_body, content.html_body),

@@ -8,7 +8,7 @@ import pytest
 from senddock.api import Senddock
 from senddock.errors import InvalidInput
 from senddock.testing import drain, fast_settings
-from tests_support import jobs_by_email, running_node, wait_for
+from tests_support import jobs_by_email, make_broadcast, running_node, wait_for
 
 
 def _campaign(app, campaign_id: int) -> tuple:
@@ -117,4 +117,21 @@ def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(
     assert len(smtp_sink.received) == 50 and set(received) == set(emails)
     expected = "your number: 26" if fix == "data" else "your number: twenty-five"
     assert expected in received["user25@example.com"].data.decode()
+    app.close()
+
+
+def test_a_from_stored_before_it_was_checked_strictly_pauses_the_campaign_instead_of_crashing(make_config, smtp_sink):
+    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
+    campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])
+    with app.db.connection() as conn:  # what an older senddock let `campaign create --from` store
+        conn.execute("UPDATE campaigns SET from_addr = 'news@example.com, other@example.com' WHERE id = %s",
+                     (campaign_id,))
+    with running_node(app.config):
+        wait_for(lambda: _campaign(app, campaign_id)[0] != "sending", 60, "the campaign to pause")
+    status, reason = _campaign(app, campaign_id)
+    assert status == "paused" and reason.startswith(
+        "template_error: from: the campaign's From 'news@example.com, other@example.com' is not usable: ")
+    assert smtp_sink.received == []
+    assert {s for s, _, _ in jobs_by_email(app, campaign_id).values()} == {"pending"}
+    assert f"`senddock campaign clone {campaign_id}`" in app.campaign_status(campaign_id).warning
     app.close()
