@@ -6,35 +6,28 @@ from __future__ import annotations
 import argparse
 
 
-def worker_count(text: str) -> int:
+def _bounded(text: str, low: float, high: float, what: str, *, whole: bool = True) -> float:
+    """``text`` as a number within [low, high], or a usage error saying what was expected."""
     try:
-        value = int(text)
+        value = int(text) if whole else float(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers (a whole number, 1 or more)")
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
     return value
+
+
+def worker_count(text: str) -> int:
+    return _bounded(text, 1, 10_000, "a number of workers (a whole number, 1 or more)")
 
 
 def positive_count(text: str) -> int:
     """How many of something to show (`--limit N`): an id's wording ("is not an id") would puzzle."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number, 1 or more)")
-    return value
+    return _bounded(text, 1, 1_000_000_000, "a count (a whole number, 1 or more)")
 
 
 def port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0 to 65535; 0 picks a free one)")
-    return value
+    return _bounded(text, 0, 65535, "a TCP port (0 to 65535; 0 picks a free one)")
 
 
 def node_name(text: str) -> str:
@@ -44,10 +37,4 @@ def node_name(text: str) -> str:
 
 
 def refresh_interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0.05 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a refresh interval in seconds (0.05 to 3600)")
-    return value
+    return _bounded(text, 0.05, 3600, "a refresh interval in seconds (0.05 to 3600)", whole=False)
