@@ -91,7 +91,7 @@ def normalize_domain(domain: str) -> str:
 def pacing_settings(section: Mapping[str, Any]) -> PacingSettings:
     """The validated ``pacing`` section (defaults filled), typed."""
     return PacingSettings(
-        global_rate=_rate(section["global"]),
+        global_rate=None if section["global"] is None else _rate(section["global"]),
         transports={name: _rate(value) for name, value in section["transports"].items()},
         domains=tuple(
             DomainGroup(
@@ -132,9 +132,8 @@ def pacing_problems(section: Mapping[str, Any], transports: Mapping[str, str]) -
             seen.append((entry, i))
 
 
-def _rate(value: str | Mapping[str, Any] | None) -> Rate | None:
-    if value is None:
-        return None
+def _rate(value: str | Mapping[str, Any]) -> Rate:
+    """``20/s`` or ``{rate: 20/s, burst: 40}``."""
     if isinstance(value, str):
         return parse_rate(value)
     return parse_rate(value["rate"], value.get("burst"))
