@@ -24,6 +24,7 @@ import yaml
 from senddock.config_file import config_folder, read_config
 from senddock.durations import is_duration, parse_duration
 from senddock.errors import ConfigError
+from senddock.pacing.limits import PacingSettings, pacing_problems, pacing_settings
 from senddock.redact import is_secret_key, redact
 from senddock.sizes import is_size, parse_size
 
@@ -213,6 +214,12 @@ class Config:
         )
 
     @property
+    def pacing(self) -> PacingSettings:
+        """The ``pacing`` section, typed (the section's types live with the limits they make:
+        senddock.pacing.limits)."""
+        return pacing_settings(self.data["pacing"])
+
+    @property
     def logging(self) -> LoggingSettings:
         return LoggingSettings(**self.data["logging"])
 
@@ -344,6 +351,9 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
         return error.json_path, _not_a_duration(error.instance)
     if error.validator == "pattern":
         return error.json_path, _pattern_message(error)
+    if error.validator == "type" and error.schema.get("patternMessage") and not isinstance(error.instance, (dict, list)):
+        # `global: 200` is a rate without its unit, not "200 is not of type 'string'".
+        return error.json_path, f"{error.instance!r} is not {error.schema['patternMessage']}"
     return error.json_path, error.message
 
 
@@ -490,6 +500,7 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
             "more bounces than results can never happen")
     if parse_duration(breaker["probe_interval"]) > parse_duration(breaker["probe_max_interval"]):
         yield "$.breaker.probe_interval", "must not be longer than breaker.probe_max_interval"
+    yield from pacing_problems(data["pacing"], transports)
     unsubscribe = data["unsubscribe"]
     if (unsubscribe["url"] or unsubscribe["mailto"]) and not unsubscribe["secret"]:
         yield "$.unsubscribe.secret", "required with unsubscribe.url or unsubscribe.mailto: the links are signed with it"

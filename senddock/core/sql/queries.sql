@@ -1009,6 +1009,70 @@ SELECT k.key, n.missing,
  WHERE n.missing > 0
  ORDER BY k.ord;
 
+-- name: pacing_take
+-- The shared limiter (GCRA, migration 7): admit k <= n sends that every one of the given limits
+-- allows (k is the least any of them allows) and move each limit's tat on by k * T, for all nodes
+-- at once. Each limit comes with its emission interval T and burst tolerance tau, in seconds. A
+-- send i = 0, 1, ... is allowed while (due - t) + i*T <= tau, where due = greatest(tat, t).
+-- Returns k, the time t of the decision and, when k < n, the time the next send will be allowed.
+-- Must run in READ COMMITTED (a row another take changed is then read as it is once locked).
+WITH wanted AS (
+    SELECT w.key, w.t_s, w.tau_s
+    FROM unnest(%(keys)s::text[], %(intervals)s::float8[], %(tolerances)s::float8[]) AS w (key, t_s, tau_s)
+), locked AS (
+    -- Locks in key order, whatever order the caller named the limits in: two takes never wait for
+    -- each other in a cycle. ORDER BY is applied before the locks are taken.
+    SELECT l.key, l.tat
+    FROM pacing_limits l
+    WHERE l.key = ANY (%(keys)s::text[])
+    ORDER BY l.key
+    FOR UPDATE
+), clock AS (
+    -- The decision's time: after every lock is ours (the take may have waited for them), and not
+    -- now(), which is when a surrounding transaction began.
+    SELECT clock_timestamp() AS t, count(*) AS locked FROM locked
+), state AS (
+    -- greatest() skips NULL: a limit without a row yet is due now, with its whole burst.
+    SELECT w.key, w.t_s, w.tau_s, l.key IS NULL AS missing, c.t, greatest(l.tat, c.t) AS due
+    FROM wanted w CROSS JOIN clock c LEFT JOIN locked l ON l.key = w.key
+), allowed AS (
+    -- 1 µs of slack: tat is rounded to the microsecond on every take.
+    SELECT s.*, least(%(n)s::int,
+                      greatest(0, floor((s.tau_s - extract(epoch FROM s.due - s.t)::float8 + 1e-6) / s.t_s) + 1))::int AS allows
+    FROM state s
+), decision AS (
+    SELECT min(a.allows) AS k, min(a.t) AS t FROM allowed a
+), created AS (
+    -- A limit's first take creates its row. If another take created it after this statement's
+    -- snapshot, its row was neither read nor locked above: nothing is admitted this time (the next
+    -- take reads it), so no send is admitted past a limit. The rows this take did create keep
+    -- their charge then: a limit is at worst briefly stricter, never looser.
+    INSERT INTO pacing_limits AS p (key, tat, updated_at)
+    SELECT a.key, a.due + make_interval(secs => d.k * a.t_s), d.t
+    FROM allowed a CROSS JOIN decision d
+    WHERE a.missing
+    ORDER BY a.key
+    ON CONFLICT (key) DO NOTHING
+    RETURNING p.key
+), outcome AS (
+    SELECT CASE WHEN (SELECT count(*) FROM created) = (SELECT count(*) FROM allowed WHERE missing)
+                THEN d.k ELSE 0 END AS k,
+           d.t
+    FROM decision d
+), advanced AS (
+    UPDATE pacing_limits p
+       SET tat = a.due + make_interval(secs => o.k * a.t_s), updated_at = o.t
+      FROM allowed a CROSS JOIN outcome o
+     WHERE p.key = a.key AND NOT a.missing AND o.k > 0
+    RETURNING p.key
+)
+-- The next send needs every limit: it is allowed once the last of them has room again.
+SELECT o.k AS admitted, o.t AS at,
+       CASE WHEN o.k < %(n)s::int
+            THEN greatest(o.t, max(a.due + make_interval(secs => o.k * a.t_s - a.tau_s))) END AS next_at
+FROM outcome o CROSS JOIN allowed a
+GROUP BY o.k, o.t;
+
 -- name: subscriber_by_email
 SELECT id AS subscriber_id, email, name, attributes FROM subscribers WHERE lower(email) = lower(%(email)s);
 

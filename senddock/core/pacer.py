@@ -1,0 +1,55 @@
+"""The shared limiter: takes sends from the limits in ``pacing_limits``, for every node at once.
+
+One statement per take (``pacing_take``): the limits a send is subject to (see
+senddock.pacing.limits) are taken together, so a send is admitted by all of them or by none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import psycopg
+
+from senddock.core.queries import query
+from senddock.pacing.limits import Limit
+
+
+@dataclass(frozen=True)
+class Admission:
+    wanted: int
+    admitted: int  # 0..wanted: sends that may begin now; each limit has been charged for them
+    at: datetime  # when the database decided (its clock_timestamp(); this machine's clock without limits)
+    next_at: datetime | None  # when admitted < wanted: the earliest time the next send is allowed
+
+    @property
+    def wait(self) -> float:
+        """Seconds from the decision until the next send is allowed (0 when all were admitted)."""
+        return 0.0 if self.next_at is None else max(0.0, (self.next_at - self.at).total_seconds())
+
+
+class Pacer:
+    """Takes from shared limits on one connection (autocommit, or inside a READ COMMITTED
+    transaction: the rows stay locked until it ends, so keep it short)."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn = conn
+
+    def take(self, limits: Sequence[Limit], n: int = 1) -> Admission:
+        """Admit up to ``n`` sends under every one of ``limits`` at once."""
+        if n < 1:
+            raise ValueError(f"n must be at least 1, not {n}")
+        if not limits:
+            return Admission(wanted=n, admitted=n, at=datetime.now(timezone.utc), next_at=None)
+        keys = [limit.key for limit in limits]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"a limit is named twice: {keys}")
+        params = {
+            "keys": keys,
+            "intervals": [limit.rate.interval for limit in limits],
+            "tolerances": [limit.rate.tolerance for limit in limits],
+            "n": n,
+        }
+        admitted, at, next_at = self.conn.execute(query("pacing_take"), params).fetchone()
+        return Admission(wanted=n, admitted=admitted, at=at, next_at=next_at)

@@ -1,0 +1,65 @@
+"""Rates written as ``20/s``, ``100/min``, ``5000/h``, ``0.5/s``, ``100000/day``, with a burst.
+
+A rate is kept as the two numbers the limiter needs (GCRA): the emission interval ``T`` between
+two sends at the steady pace, and the burst tolerance ``tau = T * (burst - 1)``: how far ahead of
+the steady pace a limit that was idle may run, so ``burst`` sends can leave at once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0, "day": 86400.0}
+#: The form a rate takes, for the config schema too (it cannot refuse 0/s: see rate_problem).
+RATE_PATTERN = r"^\d+(\.\d+)?/(s|min|h|day)$"
+_RATE = re.compile(RATE_PATTERN)
+HOW_TO_WRITE = "write N/s, N/min, N/h or N/day, e.g. 20/s"
+
+
+@dataclass(frozen=True)
+class Rate:
+    per_second: float
+    burst: int
+    text: str  # as written: `20/s`, for messages and status
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two sends at the steady pace (GCRA's emission interval T)."""
+        return 1.0 / self.per_second
+
+    @property
+    def tolerance(self) -> float:
+        """Seconds the limit may run ahead of the steady pace (GCRA's tau): ``burst`` sends at once."""
+        return self.interval * (self.burst - 1)
+
+    def __str__(self) -> str:
+        return f"{self.text} (burst {self.burst})"
+
+
+def rate_problem(text: object) -> str | None:
+    """Why ``text`` is not a rate, in words; None when it is one."""
+    if not isinstance(text, str) or _RATE.fullmatch(text) is None:
+        return f"{text!r} is not a rate: {HOW_TO_WRITE}"
+    if float(text.split("/")[0]) == 0:
+        return f"{text!r} is not a rate: N must be more than 0 (to stop sending, pause the campaign)"
+    return None
+
+
+def default_burst(per_second: float) -> int:
+    """One second's worth, at least 1: a limit that was idle may send that many at once."""
+    return max(1, math.floor(per_second))
+
+
+def parse_rate(text: str, burst: int | None = None) -> Rate:
+    """The rate in ``text`` (``20/s``) with ``burst`` (default: one second's worth, at least 1);
+    raises ValueError saying what is wrong."""
+    problem = rate_problem(text)
+    if problem:
+        raise ValueError(problem)
+    if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int) or burst < 1):
+        raise ValueError(f"{burst!r} is not a burst: write a whole number of sends, at least 1")
+    count, unit = text.split("/")
+    per_second = float(count) / _UNITS[unit]
+    return Rate(per_second=per_second, burst=default_burst(per_second) if burst is None else burst, text=text)

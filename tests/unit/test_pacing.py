@@ -1,0 +1,198 @@
+"""Rates, the `pacing` section and the limits a send is subject to (no database)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from senddock.config import base_schema, load_config
+from senddock.errors import ConfigError
+from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for, recipient_domain
+from senddock.pacing.rates import RATE_PATTERN, Rate, parse_rate
+
+ISSUE_EXAMPLE = """\
+pacing:
+  global: 200/s                      # all nodes together
+  transports: {smtp: 100/s}
+  domains:                           # by recipient domain, matched in order
+    - match: [gmail.com, googlemail.com]
+      rate: 20/s
+      concurrency: 10                # sends in flight to this group, all nodes together
+    - match: [outlook.com, hotmail.com, live.com, "*.onmicrosoft.com"]
+      rate: 10/s
+  adaptive: true                     # slow a group down on throttling replies, recover slowly
+"""
+
+
+def config_errors(tmp_path: Path, text: str) -> list[str]:
+    path = tmp_path / "senddock.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={})
+    return [e.removeprefix(f"{path}::") for e in caught.value.errors]
+
+
+def pacing_of(tmp_path: Path, text: str) -> PacingSettings:
+    path = tmp_path / "senddock.yaml"
+    path.write_text(text, encoding="utf-8")
+    return load_config(path, environ={}).pacing
+
+
+@pytest.mark.parametrize(("text", "per_second", "burst"), [
+    ("20/s", 20.0, 20),
+    ("100/min", 100 / 60, 1),
+    ("5000/h", 5000 / 3600, 1),
+    ("100000/day", 100000 / 86400, 1),
+    ("0.5/s", 0.5, 1),  # a decimal N, and never a burst of 0
+    ("2.5/s", 2.5, 2),  # one second's worth, rounded down
+    ("600/min", 10.0, 10),
+])
+def test_a_rate_is_n_per_unit_with_one_seconds_worth_of_burst(text: str, per_second: float, burst: int):
+    rate = parse_rate(text)
+    assert (rate.per_second, rate.burst, rate.text) == (pytest.approx(per_second), burst, text)
+
+
+def test_a_rate_gives_the_limiters_interval_and_tolerance():
+    rate = parse_rate("20/s", burst=40)
+    assert (rate.interval, rate.tolerance) == (pytest.approx(0.05), pytest.approx(0.05 * 39))
+    assert parse_rate("1/min").tolerance == 0  # burst 1: no send ahead of the pace
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("20 per second", "'20 per second' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s"),
+    ("20/sec", "'20/sec' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s"),
+    ("20", "'20' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s"),
+    ("-1/s", "'-1/s' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s"),
+    ("0/s", "'0/s' is not a rate: N must be more than 0 (to stop sending, pause the campaign)"),
+    ("0.0/min", "'0.0/min' is not a rate: N must be more than 0 (to stop sending, pause the campaign)"),
+])
+def test_what_is_not_a_rate_is_told_how_to_write_one(text: str, message: str):
+    with pytest.raises(ValueError) as caught:
+        parse_rate(text)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("burst", [0, -3, 2.5, True])
+def test_a_burst_is_a_whole_number_of_sends(burst):
+    with pytest.raises(ValueError, match="is not a burst: write a whole number of sends, at least 1"):
+        parse_rate("20/s", burst=burst)
+
+
+def test_the_schema_and_the_parser_take_the_same_rates():
+    assert base_schema()["$defs"]["rate"]["pattern"] == RATE_PATTERN
+
+
+def test_the_issues_example_loads_typed(tmp_path: Path):
+    pacing = pacing_of(tmp_path, ISSUE_EXAMPLE)
+    assert pacing.global_rate == Rate(200.0, 200, "200/s")
+    assert pacing.transports == {"smtp": Rate(100.0, 100, "100/s")}
+    assert pacing.domains == (
+        DomainGroup(("gmail.com", "googlemail.com"), Rate(20.0, 20, "20/s"), 10),
+        DomainGroup(("outlook.com", "hotmail.com", "live.com", "*.onmicrosoft.com"), Rate(10.0, 10, "10/s"), None),
+    )
+    assert pacing.adaptive is True
+
+
+def test_without_a_pacing_section_nothing_is_limited():
+    pacing = load_config(None, environ={}).pacing
+    assert pacing == PacingSettings(global_rate=None, transports={}, domains=(), adaptive=False)
+    assert limits_for(pacing, transport="smtp", domain="gmail.com", campaign_id=3) == ()
+
+
+def test_a_burst_is_written_beside_its_rate(tmp_path: Path):
+    pacing = pacing_of(tmp_path, """\
+pacing:
+  global: {rate: 200/s, burst: 400}
+  transports: {smtp: {rate: 6000/min}}
+  domains:
+    - match: [gmail.com]
+      rate: 20/s
+      burst: 5
+    - match: [yahoo.com]
+      concurrency: 4
+""")
+    assert pacing.global_rate == Rate(200.0, 400, "200/s")
+    assert pacing.transports["smtp"] == Rate(100.0, 100, "6000/min")
+    assert pacing.domains[0].rate == Rate(20.0, 5, "20/s")
+    assert pacing.domains[1] == DomainGroup(("yahoo.com",), None, 4)  # concurrency alone: no rate limit
+
+
+def test_bad_pacing_values_are_named_with_their_place(tmp_path: Path):
+    assert config_errors(tmp_path, """\
+pacing:
+  global: 200
+  transports: {smtp: 20 per second, ses_like: {rate: 10/s, burst: 0}}
+  domains:
+    - match: [gmail.com, "bad domain"]
+      rate: 20/sec
+    - match: [yahoo.com]
+      burst: 4
+    - match: []
+      rate: 1/s
+  adaptive: sometimes
+""") == [
+        "$.pacing.adaptive: 'sometimes' is not of type 'boolean'",
+        "$.pacing.domains[0].match[1]: 'bad domain' is not a domain (gmail.com) or a wildcard for its subdomains "
+        "(*.onmicrosoft.com)",
+        "$.pacing.domains[0].rate: '20/sec' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s",
+        "$.pacing.domains[1]: 'rate' is a required property",
+        "$.pacing.domains[2].match: [] should be non-empty",
+        "$.pacing.global: 200 is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s",
+        "$.pacing.transports.ses_like.burst: 0 is less than the minimum of 1",
+        "$.pacing.transports.smtp: '20 per second' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s",
+    ]
+
+
+def test_what_the_schema_cannot_see_is_refused_too(tmp_path: Path):
+    assert config_errors(tmp_path, """\
+pacing:
+  global: 0/s
+  transports: {smpt: 5/s}
+  domains:
+    - match: [gmail.com, "*.onmicrosoft.com", x.onmicrosoft.com]
+      rate: 20/s
+    - match: [Gmail.com, live.com]
+      burst: 3
+      concurrency: 2
+""") == [
+        "$.pacing.global: '0/s' is not a rate: N must be more than 0 (to stop sending, pause the campaign)",
+        "$.pacing.transports.smpt: 'smpt' is not an installed transport (installed: ses_like, smtp)",
+        "$.pacing.domains[0].match[2]: 'x.onmicrosoft.com' is already matched by this group (by '*.onmicrosoft.com'): "
+        "a domain is paced by the first group that matches it",
+        "$.pacing.domains[1].burst: a burst needs a rate beside it",
+        "$.pacing.domains[1].match[0]: 'gmail.com' is already matched by $.pacing.domains[0]: "
+        "a domain is paced by the first group that matches it",
+    ]
+
+
+def test_groups_are_matched_in_order_with_wildcards_for_subdomains(tmp_path: Path):
+    pacing = pacing_of(tmp_path, ISSUE_EXAMPLE.replace("  adaptive: true", """\
+    - match: ["*.example.com"]
+      rate: 1/s
+    - match: [example.com]
+      rate: 2/s
+  adaptive: true"""))
+    name = lambda domain: (g.name if (g := pacing.group_for(domain)) else None)  # noqa: E731
+    assert name("gmail.com") == name("googlemail.com") == name("GMail.COM.") == "gmail.com"
+    assert name("contoso.onmicrosoft.com") == name("a.b.onmicrosoft.com") == "outlook.com"
+    assert name("onmicrosoft.com") is None  # *. is for subdomains only
+    assert name("notgmail.com") is None
+    assert name("mail.example.com") == "*.example.com"
+    assert name("example.com") == "example.com"
+
+
+def test_a_send_maps_to_the_keys_of_its_limits(tmp_path: Path):
+    pacing = pacing_of(tmp_path, ISSUE_EXAMPLE)
+    keys = lambda **job: [limit.key for limit in limits_for(pacing, **job)]  # noqa: E731
+    assert keys(transport="smtp", domain=recipient_domain("ada@GoogleMail.com"), campaign_id=12,
+                campaign_rate=parse_rate("100/min")) == ["global", "transport:smtp", "domain:gmail.com", "campaign:12"]
+    assert keys(transport="ses_like", domain="contoso.onmicrosoft.com") == ["global", "domain:outlook.com"]
+    assert keys(transport="smtp", domain="example.org", campaign_id=12) == ["global", "transport:smtp"]
+    gmail = limits_for(pacing, transport="smtp", domain="gmail.com")[2]
+    assert gmail == Limit("domain:gmail.com", Rate(20.0, 20, "20/s"))
+
+
+def test_the_recipient_domain_is_compared_as_the_config_names_it():
+    assert recipient_domain("Ada@Gmail.COM") == "gmail.com"
+    assert recipient_domain("zoe@bücher.example") == "xn--bcher-kva.example"
