@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from senddock.cli.output import Output, plural, table
+from senddock.cli.status_lines import probe_line, warning_line
 from senddock.config import Config, find_config_path, load_config
-from senddock.durations import format_duration
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
 
 # The engine and its libraries (psycopg, Jinja2...) are imported by the commands that use them:
@@ -241,27 +240,6 @@ def campaign_send(args: argparse.Namespace, out: Output) -> int:
         f"{result.skipped_unsubscribed} unsubscribed or blocklisted)",
     )
     return EXIT_OK
-
-
-def probe_line(status) -> str:
-    """How a pause for relay trouble is getting on: it resumes by itself once the relay answers."""
-    line = "resumes by itself when the relay answers"
-    if status.next_probe_at is not None:
-        wait = (status.next_probe_at - datetime.now(timezone.utc)).total_seconds()
-        line += f"; next probe in {format_duration(max(0.0, wait))}"
-    if status.probes_failed:
-        line += f"; {plural(status.probes_failed, 'probe')} failed, last: {status.last_probe}"
-    return line
-
-
-def warning_line(status) -> str:
-    """A pause senddock made itself, said loudly: when, why and what to do."""
-    since = ""
-    if status.paused_at is not None:
-        ago = (datetime.now(timezone.utc) - status.paused_at).total_seconds()
-        since = f" (since {status.paused_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, " \
-                f"{format_duration(max(0.0, ago))} ago)"
-    return f"warning{since}: {status.warning}"
 
 
 def campaign_status(args: argparse.Namespace, out: Output) -> int:

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from senddock.cli.commands import probe_line, warning_line
+from senddock.cli.status_lines import probe_line, warning_line
 from senddock.cli.output import Output
 from senddock.core.campaigns import CampaignStatus
 from senddock.errors import EXIT_OK
