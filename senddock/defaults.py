@@ -5,10 +5,13 @@ from __future__ import annotations
 import random
 import socket
 import ssl
+from typing import TYPE_CHECKING
 
-from senddock.config import Config
 from senddock.hooks import hookimpl
 from senddock.outcome import Bounce, Classification, Outcome, RetryDecision, SendResult, SuppressionList
+
+if TYPE_CHECKING:  # the config builds the plugin manager that registers these: no import back at run time
+    from senddock.config import Config
 
 # Failures of the network or the peer, not of the message: worth another try later.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
