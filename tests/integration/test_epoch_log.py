@@ -3,9 +3,13 @@ database, the first thing a newcomer runs, must not greet them with "lost the en
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import psycopg
+import structlog
 from structlog.testing import capture_logs
 
+from senddock.core import epoch
 from senddock.core.epoch import ensure_epoch
 from tests_support import make_broadcast
 
@@ -13,7 +17,9 @@ from tests_support import make_broadcast
 def _fresh_epoch(dsn: str) -> list[dict]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM server_epoch")  # what a crash-restart or a new database leaves
-        with capture_logs() as logs:
+        # A fresh logger: the module's own may have been bound (and cached, as the CLI configures
+        # structlog) by an earlier test that ran the CLI in this process.
+        with capture_logs() as logs, patch.object(epoch, "log", structlog.get_logger(epoch.__name__)):
             assert ensure_epoch(conn).new
     return [entry for entry in logs if entry["event"] == "server_epoch_started"]
 
