@@ -52,7 +52,9 @@ def bench_config(dsn: str, folder: Path, settings: dict[str, Any]) -> Config:
 
 
 def open_app(config: Config, dsn: str) -> Senddock:
-    return Senddock(config, database=Database(config.database, dsn=dsn))
+    """The API, for the bench's own work around a run (filling, enqueueing, status): its sessions are
+    named senddock-bench, which PgSampler leaves out of a node's count."""
+    return Senddock(config, database=Database(config.database, dsn=dsn, application_name="senddock-bench"))
 
 
 def fill_list(dsn: str, size: int, list_name: str = "bench") -> None:
@@ -127,8 +129,9 @@ class Connections:
 
 class PgSampler:
     """Samples ``pg_stat_activity`` for one database every ``interval`` seconds from a thread of its
-    own, on a connection opened before the run (so it still sees when the server is full), which it
-    leaves out of the counts. Also adds up the CPU of the backends it sees, read from /proc when the
+    own, on a connection opened before the run (so it still sees when the server is full). It leaves
+    out of the counts the sessions of the bench itself, named ``senddock-bench...`` (its own and
+    open_app's): what it counts is what the run under test holds. Also adds up the CPU of the backends it sees, read from /proc when the
     server runs on this machine: the part of the machine's CPU that this run's database work costs,
     which neighbours on a shared machine do not blur. A backend's last ``interval`` of CPU before it
     exits is missed, so count pooled connections, not a connection per statement."""
@@ -166,11 +169,11 @@ class PgSampler:
 
     def _sample(self, first: bool = False) -> None:
         assert self._conn is not None
-        # Each session's own row, the sampler's left out; stats are per transaction, and autocommit
-        # makes each sample a fresh snapshot of pg_stat_activity.
+        # The activity view is a snapshot per transaction: autocommit makes each sample a fresh one.
         rows = self._conn.execute(
             "SELECT pid, coalesce(application_name, '') FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchall()
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND coalesce(application_name, '') NOT LIKE 'senddock-bench%'").fetchall()
         result = self.result
         result.samples += 1
         result.peak = max(result.peak, len(rows))
