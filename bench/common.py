@@ -114,7 +114,8 @@ def process_cpu(pid: int) -> float | None:
 @dataclass
 class Connections:
     """What a PgSampler saw: the peak number of sessions on the database, in all and per
-    application_name (each its own peak), and the CPU its backends used while it watched."""
+    application_name (each its own peak; a session still starting, or refused as the server is
+    full, shows with no name), and the CPU its backends used while it watched."""
 
     peak: int = 0
     peak_by_application: dict[str, int] = field(default_factory=dict)

@@ -20,8 +20,8 @@ targets name; on a shared machine it counts the neighbours too), and the run's o
 the sink process and this database's Postgres backends (read from /proc when the server runs here).
 
 A W whose sessions do not fit the server's max_connections fails on the senddock side: that is
-reported with the error, the bare side is still measured, and the next W runs. --timeout bounds
-each side.
+reported with the error (and, when every message went out but the node did not exit, how long the
+sends took), the bare side is still measured, and the next W runs. --timeout bounds each side.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 from common import (
     Connections,
     PgSampler,
@@ -141,6 +142,7 @@ def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int,
             campaign_id, _ = enqueue(app)  # outside the clock, like the bare side's messages
             with PgSampler(dsn) as connections:
                 started, machine, own, sink_cpu = time.perf_counter(), machine_cpu(), time.process_time(), sink.cpu()
+                wall = time.time()
                 error = run_senddock(config, timeout)
                 seconds = time.perf_counter() - started
                 machine_used, own_used = machine_cpu() - machine, time.process_time() - own + sink.cpu() - sink_cpu
@@ -148,6 +150,12 @@ def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int,
             app.close()
             if error is None and sent != messages:
                 error = f"senddock marked {sent} of {messages} sent"
+            elif error is not None and sent == messages:
+                # A node that sent everything but never exited: say how fast the sends themselves went.
+                with psycopg.connect(dsn) as conn:
+                    last = conn.execute("SELECT extract(epoch FROM max(sent_at)) FROM broadcast_jobs").fetchone()[0]
+                took = float(last) - wall
+                error += f"; it had sent all {messages:,} after {took:.1f}s (= {messages / took:,.0f} msg/s)"
             result = Side(seconds, machine_used,
                           None if connections.backend_cpu is None else own_used + connections.backend_cpu,
                           error, connections)
