@@ -6,13 +6,14 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import psycopg
 import yaml
 
@@ -51,7 +52,9 @@ def bench_config(dsn: str, folder: Path, settings: dict[str, Any]) -> Config:
 
 
 def open_app(config: Config, dsn: str) -> Senddock:
-    return Senddock(config, database=Database(config.database, dsn=dsn))
+    """The API, for the bench's own work around a run (filling, enqueueing, status): its sessions are
+    named senddock-bench, which PgSampler leaves out of a node's count."""
+    return Senddock(config, database=Database(config.database, dsn=dsn, application_name="senddock-bench"))
 
 
 def fill_list(dsn: str, size: int, list_name: str = "bench") -> None:
@@ -83,10 +86,111 @@ def reset_jobs(dsn: str) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def machine_cpu() -> float:
-    """Busy CPU seconds of the whole machine (Postgres and any in-process server included)."""
-    times = psutil.cpu_times()
-    return times.user + times.system + getattr(times, "softirq", 0) + getattr(times, "irq", 0)
+    """Busy CPU seconds of the whole machine (Postgres and any in-process server included), from
+    /proc/stat: user, nice, system, irq and softirq of every core (idle, iowait and steal are not
+    work done here). On a shared machine this counts the neighbours' work too."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = stat.readline().split()  # "cpu  user nice system idle iowait irq softirq steal ..."
+    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields[1:8])
+    return (user + nice + system + irq + softirq) / _TICKS
+
+
+def process_cpu(pid: int) -> float | None:
+    """User + system CPU seconds of one process (all its threads), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    # The command name in parentheses may hold spaces: count fields from after its last ')'.
+    rest = text[text.rindex(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / _TICKS  # fields 14 and 15 of proc(5): utime, stime
+
+
+@dataclass
+class Connections:
+    """What a PgSampler saw: the peak number of sessions on the database, in all and per
+    application_name (each its own peak; a session still starting, or refused as the server is
+    full, shows with no name), and the CPU its backends used while it watched."""
+
+    peak: int = 0
+    peak_by_application: dict[str, int] = field(default_factory=dict)
+    backend_cpu: float | None = 0.0  # seconds; None when the server's processes cannot be read here
+    samples: int = 0
+
+    def describe(self) -> str:
+        apps = ", ".join(f"{name or '(unnamed)'} {count}" for name, count in
+                         sorted(self.peak_by_application.items(), key=lambda item: -item[1]))
+        return f"peak {self.peak} Postgres connections ({apps or 'none'})"
+
+
+class PgSampler:
+    """Samples ``pg_stat_activity`` for one database every ``interval`` seconds from a thread of its
+    own, on a connection opened before the run (so it still sees when the server is full). It leaves
+    out of the counts the sessions of the bench itself, named ``senddock-bench...`` (its own and
+    open_app's): what it counts is what the run under test holds. Also adds up the CPU of the backends it sees, read from /proc when the
+    server runs on this machine: the part of the machine's CPU that this run's database work costs,
+    which neighbours on a shared machine do not blur. A backend's last ``interval`` of CPU before it
+    exits is missed, so count pooled connections, not a connection per statement."""
+
+    def __init__(self, dsn: str, interval: float = 0.02) -> None:
+        self.result = Connections()
+        self._dsn = dsn
+        self._interval = interval
+        self._stop = threading.Event()
+        self._cpu_seen: dict[int, tuple[float, float]] = {}  # pid -> (CPU when first seen, CPU last seen)
+        self._conn: psycopg.Connection | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Connections:
+        self._conn = psycopg.connect(self._dsn, autocommit=True, application_name="senddock-bench-sampler")
+        if process_cpu(self._conn.info.backend_pid) is None:  # another host or namespace: say so, not 0
+            self.result.backend_cpu = None
+        self._sample(first=True)
+        self._thread = threading.Thread(target=self._loop, name="pg-sampler", daemon=True)
+        self._thread.start()
+        return self.result
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None and self._conn is not None
+        self._thread.join()
+        self._sample()
+        self._conn.close()
+        if self.result.backend_cpu is not None:
+            self.result.backend_cpu = sum(last - first for first, last in self._cpu_seen.values())
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def _sample(self, first: bool = False) -> None:
+        assert self._conn is not None
+        # The activity view is a snapshot per transaction: autocommit makes each sample a fresh one.
+        rows = self._conn.execute(
+            "SELECT pid, coalesce(application_name, '') FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND coalesce(application_name, '') NOT LIKE 'senddock-bench%'").fetchall()
+        result = self.result
+        result.samples += 1
+        result.peak = max(result.peak, len(rows))
+        counts: dict[str, int] = {}
+        for pid, application in rows:
+            counts[application] = counts.get(application, 0) + 1
+            if result.backend_cpu is None:
+                continue
+            cpu = process_cpu(pid)
+            if cpu is None:  # gone since the query
+                continue
+            # A backend already there at the start counts from then; one born later from its birth.
+            start = self._cpu_seen[pid][0] if pid in self._cpu_seen else (cpu if first else 0.0)
+            self._cpu_seen[pid] = (start, cpu)
+        for application, count in counts.items():
+            result.peak_by_application[application] = max(result.peak_by_application.get(application, 0), count)
 
 
 def bench_parser(doc: str | None) -> argparse.ArgumentParser:

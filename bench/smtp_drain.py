@@ -44,29 +44,46 @@ from senddock.core.runner import Runner
 from senddock.sink import Sink
 
 
-def bare_loop(port: int, messages: int, workers: int) -> None:
+def bare_message(index: int, i: int) -> tuple[str, bytes]:
+    """The bare side's message ``i`` of thread ``index``: (recipient, bytes), with senddock's headers
+    and a similar size."""
+    msg = EmailMessage()
+    msg["From"] = "Bench <bench@example.com>"
+    msg["To"] = f"user{index}_{i}@example{i % 50}.com"
+    msg["Subject"] = "Hi"
+    msg["Message-ID"] = make_msgid(domain="example.com")
+    msg["Date"] = formatdate(localtime=False, usegmt=True)
+    msg.set_content("Hello")
+    return msg["To"], msg.as_bytes()
+
+
+def shares(messages: int, workers: int) -> list[int]:
+    share, extra = divmod(messages, workers)
+    return [share + (i < extra) for i in range(workers)]
+
+
+def prebuild(messages: int, workers: int) -> list[list[tuple[str, bytes]]]:
+    """Every thread's messages, built before the clock starts (bench/inflight.py's pure send loop)."""
+    return [[bare_message(index, i) for i in range(count)] for index, count in enumerate(shares(messages, workers))]
+
+
+def bare_loop(port: int, messages: int, workers: int, prebuilt: list[list[tuple[str, bytes]]] | None = None) -> None:
+    """``workers`` threads, one SMTP connection each for the whole run (as senddock's SMTP transport
+    keeps one per worker), sharing ``messages``. Each message is built in the loop, as senddock
+    renders one per job, unless ``prebuilt`` (from prebuild()) gives them: then the loop only sends."""
+
     def work(index: int, count: int) -> None:
-        # One connection per thread for the whole run, as senddock's SMTP transport keeps one per worker.
         with smtplib.SMTP("127.0.0.1", port, timeout=30) as conn:
             conn.ehlo()
             for i in range(count):
-                # Built per message, like senddock renders one per job: same headers, similar size.
-                msg = EmailMessage()
-                msg["From"] = "Bench <bench@example.com>"
-                msg["To"] = f"user{index}_{i}@example{i % 50}.com"
-                msg["Subject"] = "Hi"
-                msg["Message-ID"] = make_msgid(domain="example.com")
-                msg["Date"] = formatdate(localtime=False, usegmt=True)
-                msg.set_content("Hello")
-                conn.sendmail("bench@example.com", [msg["To"]], msg.as_bytes())
+                to, data = prebuilt[index][i] if prebuilt is not None else bare_message(index, i)
+                conn.sendmail("bench@example.com", [to], data)
 
-    share, extra = divmod(messages, workers)
-    threads = [threading.Thread(target=work, args=(i, share + (i < extra))) for i in range(workers)]
+    threads = [threading.Thread(target=work, args=(i, count)) for i, count in enumerate(shares(messages, workers))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-
 
 
 def newsletter_settings(folder: Path) -> dict:

@@ -1,0 +1,237 @@
+"""Benchmark: sends in flight. `senddock run` with W workers against a bare W-thread smtplib loop, both
+delivering to one `senddock sink` process (optionally answering DATA after a delay), in one run.
+
+    python bench/inflight.py [--dsn ADMIN_DSN | --embedded] [--messages 3000] [--workers 5 [50 ...]]
+                             [--delay 50ms]
+
+The comparison points of issue 14: with no delay, a relay-bound loop on the same number of SMTP
+connections; with `--delay 50ms` (a real relay's latency), how far sends in flight scale with W.
+The bare side is a script with no queue at all: W threads, one SMTP connection each reused for the
+whole run, sending messages built before the clock starts. The senddock side drains a campaign of
+the same number of one-word messages with `workers: W` (its transport keeps one connection per
+worker), while a sampler reads `pg_stat_activity` of the scratch database every 20 ms and prints
+the peak number of sessions, in all and per application_name. The sink is a process of its own (as
+a relay is), started afresh for each side so its count of received messages belongs to that side
+alone; every side must deliver every message. Sides alternate, bare first; the best rate of two
+is kept, and the lower CPU.
+
+CPU per message is printed two ways: the whole machine's busy time from /proc/stat (what issue 14's
+targets name; on a shared machine it counts the neighbours too), and the run's own: this process,
+the sink process and this database's Postgres backends (read from /proc when the server runs here).
+
+A W whose sessions do not fit the server's max_connections fails on the senddock side: that is
+reported with the error (and, when every message went out but the node did not exit, how long the
+sends took), the bare side is still measured, and the next W runs. --timeout bounds each side.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from common import (
+    Connections,
+    PgSampler,
+    admin_dsn,
+    bench_config,
+    bench_parser,
+    enqueue,
+    fill_list,
+    machine_cpu,
+    open_app,
+    process_cpu,
+    reset_jobs,
+    scratch_database,
+)
+from smtp_drain import bare_loop, prebuild
+
+from senddock.cli.logs import configure_logging
+from senddock.core.runner import Runner
+from senddock.durations import parse_duration
+
+
+class SinkProcess:
+    """`senddock sink` in a process of its own, on a free port; ``received`` once stopped."""
+
+    def __init__(self, delay: float) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        # --json: one JSON object on stdout at exit ({"received": N}); the per-message lines go to stderr.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "senddock", "sink", "--port", str(self.port), "--delay", f"{delay * 1000:g}ms",
+             "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.received: int | None = None
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"senddock sink did not start on port {self.port}") from None
+                time.sleep(0.05)
+
+    def cpu(self) -> float:
+        return process_cpu(self.proc.pid) or 0.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=60)
+        lines = out.decode().strip().splitlines()
+        self.received = json.loads(lines[-1])["received"] if lines else None
+
+
+@dataclass
+class Side:
+    seconds: float
+    machine_cpu: float  # seconds, the whole machine
+    own_cpu: float | None  # seconds: this process + the sink + the database's backends (None: unreadable)
+    error: str | None = None
+    connections: Connections | None = None  # senddock's side only
+
+
+def run_senddock(config, timeout: float) -> str | None:
+    """Runner.run() with a deadline; the error that stopped it, or None."""
+    runner = Runner(config, exit_when_idle=True)
+    error: list[str] = []
+
+    def target() -> None:
+        try:
+            runner.run()
+        except Exception as exc:  # noqa: BLE001 - reported as this side's result
+            error.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=target, name="senddock-run")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        runner.request_stop()
+        thread.join(60)
+        error.append(f"not finished after {timeout:g}s (stopped)")
+    return error[0] if error else None
+
+
+def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int, delay: float,
+                 timeout: float) -> Side:
+    sink = SinkProcess(delay)
+    try:
+        if side == "bare":
+            prebuilt = prebuild(messages, workers)  # outside the clock: the loop only sends
+            started, machine, own, sink_cpu = time.perf_counter(), machine_cpu(), time.process_time(), sink.cpu()
+            bare_loop(sink.port, messages, workers, prebuilt)
+            result = Side(time.perf_counter() - started, machine_cpu() - machine,
+                          time.process_time() - own + sink.cpu() - sink_cpu)
+        else:
+            reset_jobs(dsn)
+            config = bench_config(dsn, folder, {
+                "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port, "security": "none"},
+                "workers": workers, "poll_interval": "100ms"})
+            app = open_app(config, dsn)
+            campaign_id, _ = enqueue(app)  # outside the clock, like the bare side's messages
+            with PgSampler(dsn) as connections:
+                started, machine, own, sink_cpu = time.perf_counter(), machine_cpu(), time.process_time(), sink.cpu()
+                wall = time.time()
+                error = run_senddock(config, timeout)
+                seconds = time.perf_counter() - started
+                machine_used, own_used = machine_cpu() - machine, time.process_time() - own + sink.cpu() - sink_cpu
+            sent = app.campaign_status(campaign_id).sent
+            app.close()
+            if error is None and sent != messages:
+                error = f"senddock marked {sent} of {messages} sent"
+            elif error is not None and sent == messages:
+                # A node that sent everything but never exited: say how fast the sends themselves went.
+                with psycopg.connect(dsn) as conn:
+                    last = conn.execute("SELECT extract(epoch FROM max(sent_at)) FROM broadcast_jobs").fetchone()[0]
+                took = float(last) - wall
+                error += f"; it had sent all {messages:,} after {took:.1f}s (= {messages / took:,.0f} msg/s)"
+            result = Side(seconds, machine_used,
+                          None if connections.backend_cpu is None else own_used + connections.backend_cpu,
+                          error, connections)
+    finally:
+        sink.stop()
+    if result.error is None and sink.received != messages:
+        result.error = f"the sink received {sink.received} of {messages} messages"
+    return result
+
+
+def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, timeout: float) -> dict:
+    fill_list(dsn, messages)
+    results: dict[str, list[Side]] = {"bare": [], "senddock": []}
+    for side in ("bare", "senddock", "bare", "senddock"):
+        result = measure_side(side, dsn, folder, messages, workers, delay, timeout)
+        results[side].append(result)
+        pg = f"; {result.connections.describe()}" if result.connections else ""
+        if result.error:
+            print(f"  {side:>8}: FAILED after {result.seconds:.1f}s: {result.error}{pg}", flush=True)
+            continue
+        own = "" if result.own_cpu is None else f", own {result.own_cpu / messages * 1e6:,.0f}"
+        print(f"  {side:>8}: {messages:,} messages in {result.seconds:.1f}s = {messages / result.seconds:,.0f} msg/s "
+              f"(CPU per message: machine {result.machine_cpu / messages * 1e6:,.0f}{own} us){pg}", flush=True)
+
+    def best(side: str, value, pick):
+        """``pick`` (max, min) of ``value`` over the side's runs that delivered everything, or None."""
+        values = [value(r) for r in results[side] if r.error is None and value(r) is not None]
+        return pick(values) if values else None
+
+    def us(seconds: float | None) -> int | None:
+        return None if seconds is None else round(seconds / messages * 1e6)
+
+    rates = {side: best(side, lambda r: messages / r.seconds, max) for side in results}
+    peaks: dict[str, int] = {}
+    for r in results["senddock"]:  # failed runs too: how many sessions a failing W reached is the point
+        for name, count in r.connections.peak_by_application.items() if r.connections else ():
+            peaks[name] = max(peaks.get(name, 0), count)
+    return {
+        "messages": messages, "workers": workers, "delay_ms": round(delay * 1000),
+        "bare_messages_per_s": rates["bare"] and round(rates["bare"]),
+        "senddock_messages_per_s": rates["senddock"] and round(rates["senddock"]),
+        "ratio": round(rates["senddock"] / rates["bare"], 2) if rates["bare"] and rates["senddock"] else None,
+        "peak_pg_connections": max((r.connections.peak for r in results["senddock"] if r.connections), default=None),
+        "peak_pg_connections_by_application": peaks,
+        **{f"{side}_{kind}_cpu_us_per_message": us(best(side, lambda r, k=kind: getattr(r, f"{k}_cpu"), min))
+           for side in results for kind in ("machine", "own")},
+        "errors": [f"{side}: {r.error}" for side in results for r in results[side] if r.error],
+    }
+
+
+def main() -> None:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--messages", type=int, default=3_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[5],
+                        help="senddock workers and bare threads (= SMTP connections); several values run in turn")
+    parser.add_argument("--delay", type=parse_duration, default=0.0,
+                        help="the sink answers DATA after this long (e.g. 50ms; default none)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds one side may take before it is stopped")
+    parser.add_argument("--log", choices=["info", "warning"], default="info",
+                        help="senddock's log level; info (the default of `senddock run`) writes one JSON line "
+                             "per attempt, here to stderr")
+    args = parser.parse_args()
+    configure_logging(args.log, "json")  # as `senddock run` does when its stderr is not a terminal
+    rows = []
+    with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
+        for workers in args.workers:
+            print(f"W={workers}, delay {args.delay * 1000:g} ms, {args.messages:,} messages:", flush=True)
+            row = measure(dsn, args.messages, workers, args.delay, Path(folder), args.timeout)
+            rows.append(row)
+            ratio = f"ratio {row['ratio']}x" if row["ratio"] is not None else "no ratio: " + "; ".join(row["errors"])
+            print(f"  senddock {row['senddock_messages_per_s'] or '-'} msg/s vs bare smtplib "
+                  f"{row['bare_messages_per_s'] or '-'} msg/s: {ratio}; peak {row['peak_pg_connections']} "
+                  f"Postgres connections", flush=True)
+    print(json.dumps({"benchmark": "inflight", "rows": rows}))
+    sys.exit(1 if any(row["errors"] for row in rows) else 0)
+
+
+if __name__ == "__main__":
+    main()
