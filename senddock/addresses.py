@@ -79,6 +79,27 @@ def mailbox_problem(value: str) -> str | None:
     return None
 
 
+def stored_mailbox_problem(value: str) -> str | None:
+    """Why the message builder cannot use a From or Reply-To already stored, or None.
+
+    Lenient where :func:`mailbox_problem` is strict: a value an older senddock accepted and sent
+    (``news@example.com (Example News)``, any RFC 5322 form) keeps working after an upgrade; only
+    what cannot be built at all (a list, a line break, no valid address) is refused.
+    """
+    if problem := headertext.problem(value):
+        return f"contains {problem}"
+    addresses = [address for _, address in getaddresses([value]) if address]
+    if len(addresses) != 1:
+        return "one address only, not a list" if addresses else "no address in it"
+    if addresses[0] not in value:  # trailing words glued onto the domain: `a@example.com junk`
+        return "cannot be read as one address (write 'Name <addr@domain>')"
+    try:
+        check_address(addresses[0])
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def check_mailbox(value: str, *, what: str) -> str:
     """A header mailbox such as ``News <news@example.com>``, trimmed; raises InvalidInput quoting the
     value and naming ``what`` (the option): ``--from 'a@b.com, c@d.com': one address only, not a list``."""

@@ -420,13 +420,13 @@ def _refuse_past(send_at: datetime) -> None:
 
 
 def _check_stored_addresses(content: CampaignContent, *, prefix: str) -> None:
-    """A From or Reply-To stored before `campaign create` checked them strictly (a list, trailing
-    words) is one clear line here, not a traceback from the message builder."""
-    from senddock.addresses import mailbox_problem
+    """A From or Reply-To stored before `campaign create` checked them strictly that the message
+    builder cannot use (a list) is one clear line here, not a traceback."""
+    from senddock.addresses import stored_mailbox_problem
 
     cid = content.campaign_id
     for header, option, value in (("From", "--from", content.from_addr), ("Reply-To", "--reply-to", content.reply_to)):
-        if value and (problem := mailbox_problem(value)):
+        if value and (problem := stored_mailbox_problem(value)):
             raise InvalidInput(f"{prefix}: its {header} {value!r} is not usable: {problem}; fix it with "
                                f"`senddock campaign edit {cid} {option} ADDR`")
 

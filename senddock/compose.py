@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from senddock import headertext, mime, unsubscribe
-from senddock.addresses import mailbox_problem
+from senddock.addresses import stored_mailbox_problem
 from senddock.config import Config
 from senddock.errors import InvalidInput
 from senddock.outcome import CampaignContent, Message, MessageSigner, Recipient
@@ -78,10 +78,12 @@ class Composer:
         """Compile a campaign's templates (raises TemplateError); cached per campaign."""
         prepared = self._prepared.get(content.campaign_id)
         if prepared is None or prepared.content != content:
-            # A From stored before --from was checked strictly (a list, trailing words) would crash
-            # every send of the campaign: its first send pauses it with the reason instead.
-            if problem := mailbox_problem(content.from_addr):
-                raise TemplateError("from", f"the campaign's From {content.from_addr!r} is not usable: {problem}")
+            # A From or Reply-To stored before they were checked strictly (a list) would fail every
+            # send of the campaign: its first send pauses it with the reason instead.
+            for field, header, value in (("from", "From", content.from_addr),
+                                         ("reply_to", "Reply-To", content.reply_to)):
+                if value and (problem := stored_mailbox_problem(value)):
+                    raise TemplateError(field, f"the campaign's {header} {value!r} is not usable: {problem}")
             prepared = PreparedCampaign(
                 content=content,
                 templates=CampaignTemplates.compile(content.subject, content.text_body, content.html_body),

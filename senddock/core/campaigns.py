@@ -377,9 +377,10 @@ def pause_warning(campaign: Campaign) -> str | None:
         todo = (f"too many recipients bounced: read `senddock campaign log {cid} --outcome bounce`; if the "
                 f"bounces are real, `senddock campaign resume {cid}`; if the relay lied, `senddock campaign "
                 f"unsuppress {cid} --since-pause` first")
-    elif reason.startswith("template_error: from:"):
-        todo = (f"nothing could be sent with that From: `senddock campaign cancel {cid}`, then "
-                f"`senddock campaign clone {cid}`, `senddock campaign edit NEW_ID --from ADDR` and send the copy")
+    elif reason.startswith(("template_error: from:", "template_error: reply_to:")):
+        option = "--from" if reason.startswith("template_error: from:") else "--reply-to"
+        todo = (f"nothing could be sent with that address: `senddock campaign cancel {cid}`, then "
+                f"`senddock campaign clone {cid}`, `senddock campaign edit NEW_ID {option} ADDR` and send the copy")
     elif reason.startswith("template_error"):
         todo = (f"a recipient's data does not render (their job waits in line, nothing failed): correct it "
                 f"(`senddock subscribers import` the fixed rows), then `senddock campaign resume {cid}`")

@@ -42,8 +42,13 @@ def rate_problem(text: object) -> str | None:
     """Why ``text`` is not a rate, in words; None when it is one."""
     if not isinstance(text, str) or _RATE.fullmatch(text) is None:
         return f"{text!r} is not a rate: {HOW_TO_WRITE}"
-    if float(text.split("/")[0]) == 0:
+    count, unit = text.split("/")
+    if float(count) == 0:
         return f"{text!r} is not a rate: N must be more than 0 (to stop sending, pause the campaign)"
+    # Slower than one a day is no pacing but a schedule, and its interval (times a burst) would
+    # overflow the timestamps the limiter keeps.
+    if float(count) / _UNITS[unit] < 1 / _UNITS["day"]:
+        return f"{text!r} is too slow a rate: at least 1/day (for later sends, `campaign send --at TIME`)"
     return None
 
 

@@ -106,22 +106,36 @@ def test_edit_refuses_a_list_as_from_and_as_reply_to(cli, config_file, body, new
         "News <news@example.com>"
 
 
-@pytest.mark.parametrize(("stored", "reason"), [("a@b.com, c@d.com", "one address only, not a list"),
-                                                ("news@example.com junk", BAD_FROM[2][1])])
+@pytest.mark.parametrize(("column", "header", "option", "stored", "reason"), [
+    ("from_addr", "From", "--from", "a@b.com, c@d.com", "one address only, not a list"),
+    ("from_addr", "From", "--from", "news@example.com junk", "cannot be read as one address (write 'Name <addr@domain>')"),
+    ("reply_to", "Reply-To", "--reply-to", "a@b.com, c@d.com", "one address only, not a list"),
+])
 def test_a_bad_from_stored_before_the_check_is_one_line_at_preview_send_test_and_send(
-        cli, config_file, body, news, database_dsn, stored, reason):
+        cli, config_file, body, news, database_dsn, column, header, option, stored, reason):
     cid = campaign(cli, config_file, body)
-    sql(database_dsn, "UPDATE campaigns SET from_addr = %s WHERE id = %s", stored, cid)
-    line = f"its From {stored!r} is not usable: {reason}; fix it with `senddock campaign edit {cid} --from ADDR`"
+    sql(database_dsn, f"UPDATE campaigns SET {column} = %s WHERE id = %s", stored, cid)
+    line = f"its {header} {stored!r} is not usable: {reason}; fix it with `senddock campaign edit {cid} {option} ADDR`"
     for argv, prefix in ((("campaign", "preview", cid), f"campaign {cid}"),
                          (("send-test", "--campaign", cid, "--to", "me@example.com"), f"campaign {cid}"),
                          (("campaign", "send", cid, "--no-unsubscribe"), f"campaign {cid} not sent")):
         result = cli(*argv, "-c", config_file)
         assert (result.exit_code, result.stdout, result.stderr) == (1, "", f"senddock: error: {prefix}: {line}\n")
     assert sql(database_dsn, "SELECT status, broadcast_id FROM campaigns WHERE id = %s", cid) == [("draft", None)]
-    fixed = cli("campaign", "edit", cid, "--from", "news@example.com", "-c", config_file)
+    fixed = cli("campaign", "edit", cid, option, "news@example.com", "-c", config_file)
     assert fixed.exit_code == 0, fixed.stderr
     assert cli("campaign", "preview", cid, "-c", config_file).exit_code == 0
+
+
+def test_a_stored_from_an_older_senddock_sent_keeps_working_after_the_upgrade(cli, config_file, body, news,
+                                                                             database_dsn):
+    # RFC 5322's comment form: `campaign create` now asks for `Name <addr>`, but a campaign stored
+    # with it must not stop sending when senddock is upgraded under it.
+    cid = campaign(cli, config_file, body)
+    sql(database_dsn, "UPDATE campaigns SET from_addr = %s WHERE id = %s", "news@example.com (Example News)", cid)
+    preview = cli("campaign", "preview", cid, "-c", config_file, "--json")
+    assert preview.exit_code == 0, preview.stderr
+    assert "news@example.com" in preview.json["headers"]["From"]
 
 
 # -- 2. resuming a campaign paused before its time keeps its time --------------------------------------

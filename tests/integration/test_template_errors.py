@@ -120,18 +120,23 @@ def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(
     app.close()
 
 
-def test_a_from_stored_before_it_was_checked_strictly_pauses_the_campaign_instead_of_crashing(make_config, smtp_sink):
+@pytest.mark.parametrize(("column", "field", "header"), [("from_addr", "from", "From"),
+                                                           ("reply_to", "reply_to", "Reply-To")])
+def test_a_from_stored_before_it_was_checked_strictly_pauses_the_campaign_instead_of_crashing(
+        make_config, smtp_sink, column, field, header):
     app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
     campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])
-    with app.db.connection() as conn:  # what an older senddock let `campaign create --from` store
-        conn.execute("UPDATE campaigns SET from_addr = 'news@example.com, other@example.com' WHERE id = %s",
+    with app.db.connection() as conn:  # what an older senddock let `campaign create` store
+        conn.execute(f"UPDATE campaigns SET {column} = 'news@example.com, other@example.com' WHERE id = %s",
                      (campaign_id,))
     with running_node(app.config):
         wait_for(lambda: _campaign(app, campaign_id)[0] != "sending", 60, "the campaign to pause")
     status, reason = _campaign(app, campaign_id)
     assert status == "paused" and reason.startswith(
-        "template_error: from: the campaign's From 'news@example.com, other@example.com' is not usable: ")
+        f"template_error: {field}: the campaign's {header} 'news@example.com, other@example.com' is not usable: ")
     assert smtp_sink.received == []
     assert {s for s, _, _ in jobs_by_email(app, campaign_id).values()} == {"pending"}
-    assert f"`senddock campaign clone {campaign_id}`" in app.campaign_status(campaign_id).warning
+    warning = app.campaign_status(campaign_id).warning
+    option = "--from" if field == "from" else "--reply-to"
+    assert f"`senddock campaign clone {campaign_id}`" in warning and f"edit NEW_ID {option} ADDR" in warning
     app.close()

@@ -66,6 +66,8 @@ def test_a_rate_gives_the_limiters_interval_and_tolerance():
     ("-1/s", "'-1/s' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s"),
     ("0/s", "'0/s' is not a rate: N must be more than 0 (to stop sending, pause the campaign)"),
     ("0.0/min", "'0.0/min' is not a rate: N must be more than 0 (to stop sending, pause the campaign)"),
+    ("0.0000001/day", "'0.0000001/day' is too slow a rate: at least 1/day (for later sends, `campaign send --at TIME`)"),
+    ("0.5/day", "'0.5/day' is too slow a rate: at least 1/day (for later sends, `campaign send --at TIME`)"),
 ])
 def test_what_is_not_a_rate_is_told_how_to_write_one(text: str, message: str):
     with pytest.raises(ValueError) as caught:
