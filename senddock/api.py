@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from senddock import mime, unsubscribe
 from senddock.addresses import check_address
 from senddock.config import Config, load_config
-from senddock.core import campaigns, drafts, events, lists, migrations, nodes, results, subscribers
+from senddock.core import campaign_control, campaigns, drafts, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
     Campaign,
     CampaignStatus,
@@ -253,18 +253,18 @@ class Senddock:
     def pause_campaign(self, campaign_id: int) -> None:
         """Stop claiming its jobs (every node, within a send); in-flight sends finish."""
         with self._conn() as conn:
-            campaigns.pause_campaign(conn, campaign_id)
+            campaign_control.pause_campaign(conn, campaign_id)
 
     def cancel_campaign(self, campaign_id: int) -> int:
         """Fail its unsent jobs as cancelled; returns how many."""
         with self._conn() as conn:
-            return campaigns.cancel_campaign(conn, campaign_id)
+            return campaign_control.cancel_campaign(conn, campaign_id)
 
     def requeue_campaign(self, campaign_id: int, reason: str) -> int:
         """Put its jobs failed for ``reason`` back in line (never bounced, complained, unsubscribed,
         suppressed); returns how many."""
         with self._conn() as conn:
-            return campaigns.requeue_campaign(conn, campaign_id, reason)
+            return campaign_control.requeue_campaign(conn, campaign_id, reason)
 
     @property
     def composer(self) -> Composer:
@@ -326,22 +326,22 @@ class Senddock:
         """Put a paused campaign back to sending (after fixing what paused it); one paused before its
         ``send_at`` goes back to scheduled and starts at that time."""
         with self._conn() as conn:
-            campaigns.resume_campaign(conn, campaign_id)
+            campaign_control.resume_campaign(conn, campaign_id)
 
-    def unsuppress_campaign(self, campaign_id: int, *, since_pause: bool = True) -> campaigns.Unsuppressed:
+    def unsuppress_campaign(self, campaign_id: int, *, since_pause: bool = True) -> campaign_control.Unsuppressed:
         """Undo the suppressions the campaign's bounces made (``since_pause``: those of the window that
         tripped its bounce-rate breaker) and put their jobs back in line; resume it afterwards."""
         with self._conn() as conn:
-            return campaigns.unsuppress_campaign(conn, campaign_id, since_pause=since_pause)
+            return campaign_control.unsuppress_campaign(conn, campaign_id, since_pause=since_pause)
 
     def campaign_status(self, campaign_id: int) -> CampaignStatus:
         with self._conn() as conn:
             return campaigns.campaign_status(conn, campaign_id)
 
-    def campaign_history(self, campaign_id: int, limit: int = 20) -> list[campaigns.CampaignEvent]:
+    def campaign_history(self, campaign_id: int, limit: int = 20) -> list[campaign_control.CampaignEvent]:
         """Its latest status changes, newest first: who paused it, when, why; when it resumed, finished."""
         with self._conn() as conn:
-            return campaigns.campaign_events(conn, campaign_id, limit)
+            return campaign_control.campaign_events(conn, campaign_id, limit)
 
     # -- provider notifications ------------------------------------------------------------------
 
@@ -364,7 +364,7 @@ class Senddock:
     def delivery_log(self, campaign_id: int, *, email: str | None = None, outcome: str | None = None,
                      in_doubt: bool = False) -> list[dict[str, Any]]:
         with self._conn() as conn:
-            return campaigns.delivery_log(conn, campaign_id, email=email, outcome=outcome, in_doubt=in_doubt)
+            return campaign_control.delivery_log(conn, campaign_id, email=email, outcome=outcome, in_doubt=in_doubt)
 
     def nodes(self) -> list[dict[str, Any]]:
         with self._conn() as conn:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from senddock.chaos.lab import Node, Probe, Relay, cli_json, node_settings, wait_until, write_config
-from senddock.core.campaigns import NEVER_REQUEUED
+from senddock.core.campaign_control import NEVER_REQUEUED
 from senddock.testing import create_database, migrate_database
 
 NODE_NAMES = ("chaos-a", "chaos-b")
