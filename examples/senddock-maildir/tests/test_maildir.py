@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import mailbox
+import threading
 from email import message_from_bytes
 
 from senddock.api import Senddock
 from senddock.testing import drain, fast_settings, send_broadcast
+from senddock_maildir.transport import open_maildir
 
 
 def test_every_recipient_gets_one_message_in_the_maildir(make_config, tmp_path):
@@ -36,3 +38,24 @@ def test_steady_backoff_retries_at_its_own_pace(make_config, tmp_path):
         attempts = conn.execute("SELECT attempts FROM broadcast_jobs").fetchone()[0]
     assert attempts == 3  # the first send and steady_backoff's two retries (not senddock's ten)
     app.close()
+
+
+def test_workers_opening_a_new_maildir_at_once_all_get_it(tmp_path):
+    # Every worker opens the folder on its first send, at the same moment: none may fail.
+    for attempt in range(10):
+        path, errors = tmp_path / f"mail{attempt}", []
+        start = threading.Barrier(16)
+
+        def open_it() -> None:
+            start.wait()
+            try:
+                open_maildir(path).add(b"Subject: hi\r\n\r\nhello\r\n")
+            except OSError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == [] and len(mailbox.Maildir(path, create=False)) == 16

@@ -41,10 +41,19 @@ def send_message(message: Message, transport: str, config: PluginConfig,
         return None  # another transport's message
     folder = worker_state.get("maildir")
     if folder is None:  # one handle per worker, kept for the worker's life
-        folder = worker_state["maildir"] = mailbox.Maildir(Path(config.section("maildir")["path"]), create=True)
+        folder = worker_state["maildir"] = open_maildir(Path(config.section("maildir")["path"]))
     # An OSError (disk full, permissions) is captured by the engine and classified below.
     key = folder.add(mime.message_bytes(message))
     return SendResult(TRANSPORT, ok=True, text=f"delivered as {key}", phase="write", provider_message_id=key)
+
+
+def open_maildir(path: Path) -> mailbox.Maildir:
+    """The Maildir at ``path``, made if missing. Every worker opens its own at once: the standard
+    library's ``create=True`` checks then creates, so all but one worker would fail with
+    FileExistsError; ``exist_ok`` makes the race harmless."""
+    for folder in ("tmp", "new", "cur"):
+        (path / folder).mkdir(parents=True, exist_ok=True)
+    return mailbox.Maildir(path, create=False)
 
 
 @hookimpl
