@@ -30,6 +30,8 @@ from senddock.sizes import is_size, parse_size
 
 ENV_CONFIG = "SENDDOCK_CONFIG"
 ENV_DATABASE_URL = "SENDDOCK_DATABASE_URL"
+# Sends in flight per node when neither concurrency nor its former name workers is set.
+DEFAULT_CONCURRENCY = 50
 DEFAULT_CONFIG_PATHS = (Path("config/senddock.yaml"), Path("senddock.yaml"))
 
 _ENV_REF = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
@@ -155,8 +157,15 @@ class Config:
         return parse_duration(self.data["shutdown_timeout"])
 
     @property
+    def concurrency(self) -> int:
+        """Sends in flight per node: ``concurrency``, or its former name ``workers``."""
+        data = self.data
+        return data.get("concurrency") or data.get("workers") or DEFAULT_CONCURRENCY
+
+    @property
     def workers(self) -> int:
-        return self.data["workers"]
+        """The former name of ``concurrency``."""
+        return self.concurrency
 
     @property
     def claim_batch(self) -> int:
@@ -501,6 +510,8 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
     if parse_duration(breaker["probe_interval"]) > parse_duration(breaker["probe_max_interval"]):
         yield "$.breaker.probe_interval", "must not be longer than breaker.probe_max_interval"
     yield from pacing_problems(data["pacing"], transports)
+    if "concurrency" in data and "workers" in data:
+        yield "$.workers", "the former name of concurrency: set concurrency alone"
     unsubscribe = data["unsubscribe"]
     if (unsubscribe["url"] or unsubscribe["mailto"]) and not unsubscribe["secret"]:
         yield "$.unsubscribe.secret", "required with unsubscribe.url or unsubscribe.mailto: the links are signed with it"

@@ -18,7 +18,7 @@ def _bounded(text: str, low: float, high: float, what: str, *, whole: bool = Tru
 
 
 def worker_count(text: str) -> int:
-    return _bounded(text, 1, 10_000, "a number of workers (a whole number, 1 or more)")
+    return _bounded(text, 1, 1_000, "a number of sends in flight (a whole number, 1 to 1000)")
 
 
 def positive_count(text: str) -> int:

@@ -123,8 +123,9 @@ def add_commands(sub, camp, command, positive_int) -> None:
     p = command(sub, "demo", demo, "a whole broadcast on a throw-away embedded Postgres and SMTP sink")
     p.add_argument("--crash", action="store_true", help="kill -9 the sending process mid-broadcast and restart it")
 
-    p = command(sub, "run", run, "send: drain due jobs with worker threads until stopped")
-    p.add_argument("--workers", type=argtypes.worker_count, metavar="N", help="worker threads (default: config workers)")
+    p = command(sub, "run", run, "send: drain due jobs, many sends in flight, until stopped")
+    p.add_argument("--concurrency", "--workers", dest="workers", type=argtypes.worker_count, metavar="N",
+                   help="sends in flight (default: config concurrency, 50); --workers is its former name")
     p.add_argument("--node", type=argtypes.node_name, metavar="NAME", help="stable node name (default: config node.name, then host name)")
     p.add_argument("--exit-when-idle", action="store_true", help="exit once nothing is due or in flight")
 

@@ -30,6 +30,9 @@ class ClaimedJob:
     claim_token: uuid.UUID | None
     age: float  # seconds since its first attempt, on the database's clock (0 before any)
     suppressed: bool
+    domain: str = ""
+    send_rate: str | None = None  # the campaign's own rate, if it has one
+    send_begun: bool | None = None  # marked begun by the claim (None: a claim without marks)
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,18 @@ class JobResult:
 class Recorded:
     recorded: bool  # False: the claim was lost, the job's state was not ours to change
     late_sent: bool  # the claim was lost but the delivered message was marked sent
-    next_ours: bool  # the batch's next job is still claimed by us (False: its claim was lost)
-    next_campaign_status: str | None
-    batch_released: bool = False  # the rest of the batch was put back (after a reconnect)
+    paused_now: bool = False  # its pause outcome paused the campaign (once per campaign and commit)
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One send's result for the completer's group commit."""
+
+    job: ClaimedJob
+    attempt: int
+    started_at: datetime | None  # with the node, it identifies the attempt row (None: never begun)
+    result: JobResult
+    pause_reason: str | None = None  # a pause outcome's reason: the campaign pauses in the same commit
 
 
 @dataclass(frozen=True)
@@ -80,79 +92,78 @@ class Queue:
         self.node = node
         self._synchronous_commit = "off" if result_commit == "async" else "on"
 
-    def claim(self, limit: int, token: uuid.UUID | None = None) -> list[ClaimedJob]:
+    def claim(self, limit: int, token: uuid.UUID | None = None, *, begun: bool | None = None) -> list[ClaimedJob]:
+        """Claim up to ``limit`` due jobs under one token, committed synchronously.
+
+        ``begun``: True marks every job begun in the claim itself (each goes straight to a sender),
+        except those of a campaign with its own rate; False marks none (a limit is taken first,
+        then ``begin``); None leaves the mark out (the caller sends the batch one at a time in id
+        order, which says what began).
+        """
         params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4(),
-                  "async_results": self._synchronous_commit == "off"}
+                  "async_results": self._synchronous_commit == "off", "begun": begun}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
             jobs = cur.execute(query("jobs_claim"), params).fetchall()
         return sorted(jobs, key=lambda j: j.id)
 
-    def record(
-        self,
-        job: ClaimedJob,
-        attempt: int,
-        started_at: datetime | None,
-        result: JobResult,
-        next_job: ClaimedJob | None,
-        *,
-        synchronous: bool = False,
-    ) -> Recorded:
-        """Commit one send's result (``synchronous``: wait for the disk whatever result_commit says)."""
+    def begin(self, token: uuid.UUID, begun: Sequence[ClaimedJob],
+              held: Sequence[tuple[ClaimedJob, datetime]]) -> set[int]:
+        """Mark ``begun`` as begun (synchronously: their sends start after this returns) and put
+        ``held`` back as retries due at the given times, no attempt spent. Returns the ids marked
+        (a job whose claim was lost meanwhile is not)."""
+        params = {"claim_token": token, "begun_ids": [j.id for j in begun],
+                  "held_ids": [j.id for j, _ in held], "held_due": [due for _, due in held]}
+        marked, _, _ = self.conn.execute(query("jobs_begin"), params).fetchone()
+        return set(marked or ())
+
+    def record_results(self, rows: Sequence[ResultRow], *, synchronous: bool = False) -> dict[int, Recorded]:
+        """Commit many sends' results in one statement (``synchronous``: wait for the disk whatever
+        result_commit says). Returns what each job's result did, by job id."""
+        if not rows:
+            return {}
+        # Servers' text goes into text columns: a NUL byte would make the whole commit fail.
+        texts = [r.result.last_result[:2000].replace("\x00", "") for r in rows]
         params = {
-            "job_id": job.id,
-            "claim_token": job.claim_token,
-            "broadcast_id": job.broadcast_id,
-            "attempt": attempt,
-            "status": result.status,
-            "counts": int(result.counts),
-            "deferred": int(result.deferred),
-            "delay": result.delay,
-            "failure_reason": result.failure_reason,
-            # Servers' text goes into text columns: a NUL byte would make the whole commit fail.
-            "last_result": result.last_result[:2000].replace("\x00", ""),
-            "provider_message_id": result.provider_message_id,
+            "job_ids": [r.job.id for r in rows],
+            "claim_tokens": [r.job.claim_token for r in rows],
+            "broadcast_ids": [r.job.broadcast_id for r in rows],
+            "campaign_ids": [r.job.campaign_id for r in rows],
+            "emails": [r.job.email for r in rows],
+            "attempts": [r.attempt for r in rows],
+            "statuses": [r.result.status for r in rows],
+            "counts": [int(r.result.counts) for r in rows],
+            "deferred": [int(r.result.deferred) for r in rows],
+            "delays": [r.result.delay for r in rows],
+            "failure_reasons": [r.result.failure_reason for r in rows],
+            "last_results": texts,
+            "provider_message_ids": [r.result.provider_message_id for r in rows],
+            "started_ats": [r.started_at for r in rows],
+            "outcomes": [r.result.outcome for r in rows],
+            "in_doubts": [r.result.in_doubt for r in rows],
+            "oks": [r.result.ok for r in rows],
+            "phases": [r.result.phase for r in rows],
+            "codes": [r.result.code for r in rows],
+            "enhanced_codes": [r.result.enhanced_code for r in rows],
+            "bounces": [r.result.bounce for r in rows],
+            "pause_reasons": [r.pause_reason if r.result.outcome == "pause" else None for r in rows],
             "node": self.node.name,
             "node_id": self.node.id,
-            "started_at": started_at,
-            "outcome": result.outcome,
-            "in_doubt": result.in_doubt,
-            "ok": result.ok,
-            "phase": result.phase,
-            "code": result.code,
-            "enhanced_code": result.enhanced_code,
-            "next_job_id": next_job.id if next_job else None,
-            "next_claim_token": next_job.claim_token if next_job else None,
-            "next_campaign_id": next_job.campaign_id if next_job else None,
             "synchronous_commit": "on" if synchronous else self._synchronous_commit,
         }
-        if result.bounce:
-            # The pending hooks row commits with the bounce, so a crash cannot lose the suppression.
-            with self.conn.transaction():
-                recorded, next_status, _ = self.conn.execute(query("job_record_result"), params).fetchone()
-                self.conn.execute(query("job_record_bounce"), {
-                    "job_id": job.id, "broadcast_id": job.broadcast_id, "campaign_id": job.campaign_id,
-                    "email": job.email, "code": result.code, "enhanced_code": result.enhanced_code,
-                    "diagnostic": params["last_result"], "node_id": self.node.id})
-        else:
-            recorded, next_status, _ = self.conn.execute(query("job_record_result"), params).fetchone()
-        late_sent = False
-        if not recorded and result.ok:
-            late_sent = self.late_success(job, result)
-        return Recorded(recorded, late_sent, next_status is not None, next_status)
+        return {job_id: Recorded(recorded, late_sent, paused_now)
+                for job_id, recorded, late_sent, paused_now, _ in self.conn.execute(query("jobs_record_results"), params)}
 
-    def late_success(self, job: ClaimedJob, result: JobResult) -> bool:
-        """A delivery under a lost claim: mark the job sent unless someone sent it since."""
-        params = {"job_id": job.id, "last_result": result.last_result[:2000].replace("\x00", ""),
-                  "provider_message_id": result.provider_message_id}
-        return self.conn.execute(query("job_record_late_success"), params).fetchone() is not None
+    def record(self, job: ClaimedJob, attempt: int, started_at: datetime | None, result: JobResult, *,
+               synchronous: bool = False) -> Recorded:
+        """Commit one send's result (see ``record_results``)."""
+        return self.record_results([ResultRow(job, attempt, started_at, result)], synchronous=synchronous)[job.id]
 
-    def result_recorded(self, job: ClaimedJob, started_at: datetime | None) -> bool | None:
-        """Whether this node already committed the result of this send of ``job`` (checked after a
-        reconnect: a commit's reply was lost, or a crash may have lost the commit): None when it
-        did not, else whether it was recorded under a lost claim."""
-        params = {"job_id": job.id, "node_id": self.node.id, "started_at": started_at}
-        row = self.conn.execute(query("job_result_recorded"), params).fetchone()
-        return None if row is None else row[0]
+    def results_recorded(self, rows: Sequence[ResultRow]) -> dict[int, bool]:
+        """Which of these results this node already committed (checked after a lost connection
+        or a loss of WAL): job id -> whether it was recorded under a lost claim."""
+        params = {"job_ids": [r.job.id for r in rows], "started_ats": [r.started_at for r in rows],
+                  "node_id": self.node.id}
+        return dict(self.conn.execute(query("jobs_results_recorded"), params).fetchall())
 
     def release(self, jobs: Sequence[ClaimedJob]) -> int:
         if not jobs:

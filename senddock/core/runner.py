@@ -1,10 +1,12 @@
-"""`senddock run`: one node with its lifeline, its workers, and the periodic chores.
+"""`senddock run`: one node with its lifeline, its claimer, senders and completer, and the chores.
 
 Start: register the node and take its lock, recover at once what earlier incarnations of this
-node's name left behind, start the workers. Every poll interval: recover the jobs of nodes whose
-lease ran out, raise the claim floors of sending broadcasts, start scheduled campaigns whose time
-has come, fail what cancelled campaigns left behind, re-run bounce hooks that did not complete,
-finish campaigns with nothing left.
+node's name left behind, start the pipeline: a claimer claims as many jobs as there are free send
+slots (``concurrency``), senders send them, a completer records their results in groups, the
+aftercare acts on what was recorded (see docs/engine.md). Every poll interval: recover the jobs of
+nodes whose lease ran out, raise the claim floors of sending broadcasts, start scheduled campaigns
+whose time has come, fail what cancelled campaigns left behind, re-run bounce hooks that did not
+complete, finish campaigns with nothing left.
 Stop (SIGTERM, Ctrl-C, or idle with --exit-when-idle): stop claiming, let in-flight sends finish
 within the shutdown timeout, put claimed-but-unstarted jobs back, mark the node stopped.
 """
@@ -13,47 +15,35 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
 import psycopg
 import structlog
 
 from senddock.compose import Composer
 from senddock.config import Config
-from senddock.core.breaker import FailureRuns, Prober
+from senddock.core.aftercare import Aftercare, RunStats
+from senddock.core.breaker import Prober
+from senddock.core.claimer import Claimer
+from senddock.core.completer import Completer
+from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
+from senddock.core.inflight import HeldClaims, Slots
 from senddock.core.nodes import Lifeline, NodeIdentity
+from senddock.core.pacing_gate import PacingGate
 from senddock.core.queue import Queue
-from senddock.core.suppressions import Suppressions
-from senddock.core.worker import Worker
-from senddock.errors import DatabaseError, SenddockError, error_line
-from senddock.outcome import (
-    Bounce,
-    BounceKind,
-    BounceSource,
-    Classification,
-    JobRef,
-)
+from senddock.core.senders import Senders
+from senddock.errors import ConfigError, DatabaseError, SenddockError, error_line
+from senddock.outcome import Bounce, BounceKind, BounceSource, JobRef
 
 log = structlog.get_logger(__name__)
 
+# The lifeline, the claimer, the completer and one for the chores, the prober and the aftercare.
+MIN_POOL_SIZE = 4
 
-@dataclass
-class RunStats:
-    counts: Counter = field(default_factory=Counter)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def count(self, what: str, n: int = 1) -> None:
-        with self._lock:
-            self.counts[what] += n
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self.counts)
+__all__ = ["MIN_POOL_SIZE", "RunStats", "Runner"]
 
 
 class Runner:
@@ -68,100 +58,56 @@ class Runner:
     ) -> None:
         self.config = config
         self.pm = config.plugin_manager
-        self.worker_count = workers or config.workers
-        # One connection per worker, plus the chores and the suppressions' writes.
-        pool_size = max(config.database.pool_size, self.worker_count + 3)
-        self.db = db or Database(config.database, application_name="senddock-run", pool_size=pool_size)
+        self.concurrency = workers or config.concurrency
+        pool_size = config.database.pool_size
+        if pool_size < MIN_POOL_SIZE:
+            raise ConfigError(f"database.pool_size: {pool_size} is too few connections for `senddock run`: it "
+                              f"needs at least {MIN_POOL_SIZE} (the lifeline, the claimer, the completer, the "
+                              "chores), whatever its concurrency")
+        # Every connection of the node, the lifeline's included, fits in database.pool_size at any
+        # concurrency: sends hold no connection.
+        self.db = db or Database(config.database, application_name="senddock-run", pool_size=pool_size - 1)
         # The name is taken (or chosen) by the lifeline when it registers the node.
         self.node = NodeIdentity.new(node_name or config.node_name or "")
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self.stats = RunStats()
-        self.suppressions = Suppressions(self.db)
         # Before the first claim: a DKIM key that cannot be read stops the node at start-up.
         self.composer = Composer(config)
         self._wake = threading.Condition()
-        self.failure_runs = FailureRuns(config.max_consecutive_failures)
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
-        self.workers: list[Worker] = []
-        # Claim tokens of the batches workers hold; set.add/discard are atomic under the GIL.
-        self.held_tokens: set = set()
+        self.aftercare = Aftercare(config, self.db, self.queue, self.stats)
+        self.held_claims = HeldClaims()
+        self.slots = Slots(self.concurrency)
+        self.claimer: Claimer | None = None
+        self.senders: Senders | None = None
+        self.completer: Completer | None = None
+
+    @property
+    def held_tokens(self) -> list:
+        """The claim tokens this node holds (its orphan recovery leaves them alone)."""
+        return self.held_claims.tokens()
 
     def queue(self, conn: psycopg.Connection) -> Queue:
         return Queue(conn, self.node, result_commit=self.config.database.result_commit)
 
-    # -- shared with workers -------------------------------------------------------------------
+    # -- shared by the parts of the node -------------------------------------------------------
 
     def wake_workers(self) -> None:
         with self._wake:
             self._wake.notify_all()
 
-    def wait_for_work(self) -> None:
+    def wait_for_work(self, timeout: float | None = None) -> None:
         with self._wake:
             if not self.stopping.is_set():
-                self._wake.wait(self.config.poll_interval)
+                self._wake.wait(self.config.poll_interval if timeout is None else timeout)
 
     def finish_campaigns(self, queue: Queue, broadcast_ids: Iterable[int] | None = None) -> None:
         targets = list(broadcast_ids) if broadcast_ids is not None else [None]
         for broadcast_id in targets:
             for campaign_id, finished_broadcast in queue.finish_campaigns(broadcast_id):
                 log.info("campaign_finished", campaign_id=campaign_id, broadcast_id=finished_broadcast)
-
-    @contextmanager
-    def _queue_for(self, queue: Queue | None) -> Iterator[Queue]:
-        """The worker's own queue when it has one: a second pooled connection per worker could
-        starve the pool."""
-        if queue is not None:
-            yield queue
-        else:
-            with self.db.connection() as conn:
-                yield self.queue(conn)
-
-    def pause_campaign(self, campaign_id: int, reason: str, queue: Queue | None = None, *,
-                       auto_resume: bool = False) -> None:
-        probe_in = self.config.breaker.probe_interval
-        with self._queue_for(queue) as q:
-            if q.pause_campaign(campaign_id, reason, auto_resume=auto_resume, probe_in=probe_in):
-                log.warning("campaign_paused", campaign_id=campaign_id, reason=reason,
-                            resumes="when the relay answers a probe" if auto_resume else "by `campaign resume`")
-        self.failure_runs.forget(campaign_id)
-
-    def track_failures(self, campaign_id: int, verdict: Classification, queue: Queue | None = None) -> None:
-        """Pause a campaign after too many failures in a row that no recipient caused."""
-        trip = self.failure_runs.track(campaign_id, verdict)
-        if trip is not None:
-            self.pause_campaign(campaign_id, trip.reason, queue, auto_resume=trip.auto_resume)
-
-    def bounced(self, bounce: Bounce, queue: Queue | None = None) -> bool:
-        """After a bounce is recorded: the bounce-rate breaker, then the hooks unless it holds them.
-        Returns whether the hooks ran."""
-        job = bounce.job
-        with self._queue_for(queue) as q:
-            tripped, holding = q.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
-            if tripped:
-                self.failure_runs.forget(job.campaign_id)
-                log.warning("campaign_paused", campaign_id=job.campaign_id, reason="bounce_rate",
-                            resumes="by `campaign resume` (the bounces were real) or after "
-                                    "`campaign unsuppress --since-pause` (they were not)")
-            if holding:
-                q.bounce_hold(job.job_id)  # its hooks wait until a person decides
-                return False
-        self.run_bounce_hooks(bounce, queue)
-        return True
-
-    def run_bounce_hooks(self, bounce: Bounce, queue: Queue | None = None) -> bool:
-        """on_bounced for every plugin, outside any transaction; the pending row goes once all returned."""
-        try:
-            self.pm.hook.on_bounced(bounce=bounce, suppressions=self.suppressions, config=self.config)
-            done = True
-        except Exception as exc:
-            log.error("plugin_failed", hook="on_bounced", error=repr(exc), email=bounce.email, retry_in="10m")
-            done = False
-        if bounce.job is not None:
-            with self._queue_for(queue) as q:
-                (q.bounce_done if done else q.bounce_retry_later)(bounce.job.job_id)
-        return done
 
     # -- the node --------------------------------------------------------------------------------
 
@@ -182,12 +128,9 @@ class Runner:
         # Before the pool opens (the first chore): its sessions carry the node's name.
         self.db.name_sessions(f"senddock-run {self.node.name}")
         log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
-                 workers=self.worker_count, transport=self.config.transport)
+                 concurrency=self.concurrency, transport=self.config.transport)
         self._chores()  # recover earlier incarnations of this node at once, before any claim
-        self.workers = [Worker(self, i) for i in range(self.worker_count)]
-        for worker in self.workers:
-            worker.start()
-        self.prober.start()
+        self._start_pipeline()
         try:
             while not self.stopping.wait(self.config.poll_interval):
                 if self.lifeline.error is not None:
@@ -230,7 +173,7 @@ class Runner:
                     self.wake_workers()
                 queue.cancel_leftovers()
                 for row in queue.pending_bounces(recovery.lease):
-                    self.run_bounce_hooks(Bounce(
+                    self.aftercare.run_bounce_hooks(Bounce(
                         email=row["email"], kind=BounceKind.BOUNCE, source=BounceSource.TRANSPORT, code=row["code"],
                         enhanced_code=row["enhanced_code"], diagnostic=row["diagnostic"] or "",
                         job=JobRef(row["job_id"], row["broadcast_id"], row["campaign_id"]),
@@ -239,23 +182,58 @@ class Runner:
         except psycopg.OperationalError as exc:
             log.warning("chores_db_lost", error=error_line(exc))
 
+    def _start_pipeline(self) -> None:
+        contents = ContentCache(self._pooled_queue)
+        self.completer = Completer(
+            self.db, self.queue, slots=self.slots, claims=self.held_claims, aftercare=self.aftercare,
+            lifeline=self.lifeline, async_results=self.config.database.result_commit == "async",
+            finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
+        )
+        self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
+                               self.concurrency)
+        self.claimer = Claimer(
+            self.config, self.db, self.queue, slots=self.slots, claims=self.held_claims, contents=contents,
+            gate=PacingGate(self.config.pacing, self.config.transport), senders=self.senders,
+            completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
+            wait_for_work=self.wait_for_work,
+        )
+        self.aftercare.start()
+        self.completer.start()
+        self.senders.start()
+        self.claimer.start()
+        self.prober.start()
+
+    @contextmanager
+    def _pooled_queue(self) -> Iterator[Queue]:
+        with self.db.connection() as conn:
+            yield self.queue(conn)
+
+    def _busy(self) -> bool:
+        return bool(self.slots.in_use or (self.claimer and self.claimer.busy)
+                    or (self.completer and self.completer.pending) or self.aftercare.busy)
+
     def _idle(self) -> bool:
-        if any(w.busy for w in self.workers):
+        if self._busy():
             return False
         try:
             with self.db.connection() as conn:
-                return not self.queue(conn).due_work_exists() and not any(w.busy for w in self.workers)
+                return not self.queue(conn).due_work_exists() and not self._busy()
         except psycopg.OperationalError:
             return False
 
     def _shutdown(self) -> None:
         self.request_stop()
         deadline = time.monotonic() + self.config.shutdown_timeout
-        for worker in self.workers:
-            worker.join(max(0.0, deadline - time.monotonic()))
-        stuck = [w.name for w in self.workers if w.is_alive()]
-        if stuck:
-            log.error("shutdown_timeout", workers=stuck)
+        if self.claimer is not None:
+            self.claimer.join(max(0.0, deadline - time.monotonic()))
+        if self.senders is not None:
+            stuck = self.senders.stop(deadline)
+            if stuck:
+                log.error("shutdown_timeout", senders=stuck)
+        if self.completer is not None:
+            self.completer.close()
+            self.completer.join(max(5.0, deadline - time.monotonic()))
+        self.aftercare.finish(max(5.0, deadline - time.monotonic()))
         if self.prober.is_alive():
             self.prober.join(max(1.0, deadline - time.monotonic()))
         self.lifeline.stop()

@@ -231,7 +231,7 @@ def test_a_bounce_seen_under_a_lost_claim_still_suppresses(senddock_app, databas
         conn.execute("UPDATE broadcast_jobs SET claim_token = gen_random_uuid()")
         bounce = JobResult(status="failed", outcome="bounce", counts=True, failure_reason="bounced", bounce=True,
                            code=550, enhanced_code="5.1.1", last_result="550 5.1.1 no such user")
-        assert not queue.record(job, 1, None, bounce, None).recorded
+        assert not queue.record(job, 1, None, bounce).recorded
         assert conn.execute("SELECT email FROM pending_bounces").fetchall() == [("dead@example.com",)]
         # The job's new owner finishes it (its node is not this test's concern).
         conn.execute("UPDATE broadcast_jobs SET status = 'failed', failure_reason = 'bounced', claimed_by = NULL, "

@@ -49,7 +49,7 @@ def enqueue_bulk(app: Senddock, conn: psycopg.Connection, list_name: str, size: 
 def plan_of(conn: psycopg.Connection, node_id: uuid.UUID, statement: str = "jobs_claim") -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of one claim (or probe), rolled back."""
     params = {"limit": 5, "node_id": node_id, "claim_token": uuid.uuid4(), "broadcast_id": None,
-              "async_results": True}
+              "async_results": True, "begun": True}
     with conn.transaction(force_rollback=True):  # ANALYZE really claims: undo it
         return "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query(statement), params))
 
@@ -164,7 +164,7 @@ def test_no_put_back_is_ever_stranded_below_the_floor(senddock_app, database_dsn
             again = b.claim(len(jobs))
             assert ids(again) == ids(jobs)
             for job in again:
-                b.record(job, job.attempts + 1, None, SENT, None)
+                b.record(job, job.attempts + 1, None, SENT)
 
         # Released unstarted (a shutdown, a pause seen by the worker, a lost claim).
         jobs = a.claim(3)
@@ -187,13 +187,13 @@ def test_no_put_back_is_ever_stranded_below_the_floor(senddock_app, database_dsn
         assert floor_id(conn_b) == min(j.id for j in rolled_back)
         other.rollback()
         for job in ahead:
-            b.record(job, 1, None, SENT, None)
+            b.record(job, 1, None, SENT)
         claimed_again(rolled_back)
 
         # A pause outcome puts its job back as it was; the worker then puts back the rest.
         first, *rest = jobs = a.claim(3)
         raised_past(jobs)
-        assert a.record(first, first.attempts, None, PAUSE, rest[0]).recorded
+        assert a.record(first, first.attempts, None, PAUSE).recorded
         assert a.release(rest) == 2
         claimed_again(jobs)
 
@@ -222,18 +222,18 @@ def test_no_put_back_is_ever_stranded_below_the_floor(senddock_app, database_dsn
         # Requeued after failing: back through the retry index, whatever the floor says.
         jobs = a.claim(3)
         for job in jobs:
-            a.record(job, 1, None, REJECTED, None)
+            a.record(job, 1, None, REJECTED)
         raised_past(jobs)
         assert senddock_app.requeue_campaign(campaign_id, "policy_rejected") == 3
         again = b.claim(3)  # due retries come first
         assert ids(again) == ids(jobs)
         for job in again:
-            b.record(job, job.attempts + 1, None, SENT, None)
+            b.record(job, job.attempts + 1, None, SENT)
 
         # Whatever is left is sent, and every job exactly once.
         while batch := b.claim(5):
             for job in batch:
-                b.record(job, job.attempts + 1, None, SENT, None)
+                b.record(job, job.attempts + 1, None, SENT)
         b.finish_campaigns()
         sends = Counter(r[0] for r in conn_b.execute(
             "SELECT job_id FROM delivery_attempts WHERE outcome = 'sent'"))
@@ -276,13 +276,13 @@ def test_random_claims_put_backs_and_polls_never_strand_a_job(senddock_app, data
                 owner, batch = held.pop(rng.randrange(len(held)))
                 if step == "send":
                     for job in batch:
-                        owner.record(job, job.attempts + 1, None, SENT, None)
+                        owner.record(job, job.attempts + 1, None, SENT)
                 elif step == "release":
                     owner.release(batch)
                 elif step == "token":
                     owner.release_claim(batch[0].claim_token)
                 elif step == "pause":
-                    owner.record(batch[0], batch[0].attempts, None, PAUSE, None)
+                    owner.record(batch[0], batch[0].attempts, None, PAUSE)
                     owner.release(batch[1:])
             unstrandable(conn)
         for owner, batch in held:
@@ -291,7 +291,7 @@ def test_random_claims_put_backs_and_polls_never_strand_a_job(senddock_app, data
         # Everything left is claimable: pending jobs from the floor, in-doubt ones as due retries.
         while batch := nodes[0].claim(5):
             for job in batch:
-                nodes[0].record(job, job.attempts + 1, None, SENT, None)
+                nodes[0].record(job, job.attempts + 1, None, SENT)
         nodes[0].finish_campaigns()
         left = conn.execute("SELECT status, count(*) FROM broadcast_jobs GROUP BY 1").fetchall()
     assert left == [("sent", 150)]

@@ -35,7 +35,7 @@ def test_a_claim_never_walks_the_jobs_of_a_paused_campaign(senddock_app, databas
         conn.execute("ANALYZE broadcast_jobs")
         node = uuid.uuid4()
         conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
-        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True}
+        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True}
         with conn.transaction():
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params))
             raise psycopg.Rollback

@@ -7,8 +7,8 @@ import pytest
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "--workers", "0"], "argument --workers: '0' is not a number of workers"),
-    (["run", "--workers", "-3"], "argument --workers: '-3' is not a number of workers"),
+    (["run", "--workers", "0"], "argument --concurrency/--workers: '0' is not a number of sends in flight"),
+    (["run", "--workers", "-3"], "argument --concurrency/--workers: '-3' is not a number of sends in flight"),
     (["run", "--node", ""], "argument --node: a node name cannot be empty"),
     (["sink", "--port", "99999"], "argument --port: '99999' is not a TCP port"),
     (["serve", "--port", "-1"], "argument --port: '-1' is not a TCP port"),

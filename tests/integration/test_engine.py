@@ -195,26 +195,27 @@ def test_idle_workers_wake_on_new_work_without_waiting_for_the_poll(app_for, smt
         thread.join(30)
 
 
-def test_a_connection_break_between_sends_puts_the_unstarted_jobs_back_not_in_doubt(app_for, smtp_sink, monkeypatch):
-    """The worker's connection breaks after two sends of a five-job batch, before the third began:
-    the three unstarted jobs go back as they were (no in-doubt attempt, no attempt counted) and
-    everyone still gets exactly one message."""
+def test_a_connection_break_after_a_claim_puts_its_jobs_back_not_in_doubt(app_for, smtp_sink, monkeypatch):
+    """The claimer's connection breaks after its claim committed (the jobs marked begun), before any
+    of them reached a sender: on its next connection it puts them back as they were (no in-doubt
+    attempt, no attempt counted) and everyone still gets exactly one message."""
     import psycopg
 
-    from senddock.core.worker import Worker
+    from senddock.core.content import ContentCache
 
-    app = app_for(fast_settings(smtp_sink.port, workers=1, claim_batch=5))
+    app = app_for(fast_settings(smtp_sink.port, workers=5, claim_batch=5))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
-    original, calls = Worker._message, []
+    original, calls = ContentCache.load, []
 
-    def breaking(self, queue, job):
-        calls.append(job.id)
-        if len(calls) == 3:
+    def breaking(self, queue, campaign_ids):
+        calls.append(campaign_ids)
+        if len(calls) == 1:
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return original(self, queue, job)
+        return original(self, queue, campaign_ids)
 
-    monkeypatch.setattr(Worker, "_message", breaking)
+    monkeypatch.setattr(ContentCache, "load", breaking)
     drain(app.config)
+    assert len(calls) >= 2
     assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(f"user{i}@example.com" for i in range(5))
     with app.db.connection() as conn:
         assert conn.execute("SELECT count(*) FROM delivery_attempts WHERE in_doubt").fetchone() == (0,)
@@ -237,7 +238,7 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
         settings["smtp"].update(username="mailer", password="${SMTP_PASSWORD}")
         app = app_for(settings)
         campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])
-        original, calls = Queue.record, []
+        original, calls = Queue.record_results, []
 
         def commit_then_lose_the_reply(self, *args, **kwargs):
             recorded = original(self, *args, **kwargs)
@@ -246,7 +247,7 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
             return recorded
 
-        monkeypatch.setattr(Queue, "record", commit_then_lose_the_reply)
+        monkeypatch.setattr(Queue, "record_results", commit_then_lose_the_reply)
         drain(app.config)
     assert len(calls) == 1  # the retry found the committed result instead of writing it again
     status = app.campaign_status(campaign_id)
@@ -261,7 +262,7 @@ def test_retry_max_age_is_measured_on_the_databases_clock_alone(app_for, smtp_si
     minutes old (the age used to be this node's clock minus the database's first-attempt time)."""
     import datetime as real
 
-    import senddock.core.worker as worker_module
+    import senddock.core.senders as worker_module
 
     class AheadClock(real.datetime):
         @classmethod

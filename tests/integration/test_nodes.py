@@ -84,20 +84,18 @@ def test_a_fenced_out_worker_cannot_overwrite_the_reassigned_job(senddock_app, d
         assert first_b.id == first_a.id and first_b.claim_token != first_a.claim_token
 
         # The slow worker's late 'retry' changes nothing: the job is the fast node's now...
-        late = queue_a.record(first_a, 1, None, retry, second_a)
+        late = queue_a.record(first_a, 1, None, retry)
         assert (late.recorded, late.late_sent) == (False, False)
-        # ...and the answer tells it that its next job is no longer its own: it will not send it.
-        assert (late.next_ours, late.next_campaign_status) == (False, None)
         assert conn_a.execute("SELECT status, claim_token FROM broadcast_jobs WHERE id = %s",
                               (first_a.id,)).fetchone() == ("sending", first_b.claim_token)
 
         # But a message the slow worker did deliver is marked sent, so it never goes out again.
-        delivered = queue_a.record(first_a, 1, None, sent, None)
+        delivered = queue_a.record(first_a, 1, None, sent)
         assert (delivered.recorded, delivered.late_sent) == (False, True)
         assert conn_a.execute("SELECT status FROM broadcast_jobs WHERE id = %s", (first_a.id,)).fetchone() == ("sent",)
-        # The fast node's own result for that job is fenced out too; its next job is still its own.
-        outcome = queue_b.record(first_b, 2, None, retry, second_b)
-        assert (outcome.recorded, outcome.late_sent, outcome.next_ours) == (False, False, True)
+        # The fast node's own result for that job is fenced out too.
+        outcome = queue_b.record(first_b, 2, None, retry)
+        assert (outcome.recorded, outcome.late_sent) == (False, False)
         assert conn_a.execute("SELECT status FROM broadcast_jobs WHERE id = %s", (first_a.id,)).fetchone() == ("sent",)
         log = conn_a.execute("SELECT node, outcome, claim_lost FROM delivery_attempts ORDER BY id").fetchall()
     assert log == [("fast", "in_doubt", False), ("slow", "retry", True), ("slow", "sent", True), ("fast", "retry", True)]
@@ -173,7 +171,7 @@ def test_two_nodes_finishing_the_last_two_jobs_at_once_finish_the_campaign(sendd
                 queue = Queue(conn, register(conn, name))
                 [job] = queue.claim(1)
                 barrier.wait()
-                queue.record(job, 1, None, JobResult(status="sent", outcome="sent", counts=True, ok=True), None)
+                queue.record(job, 1, None, JobResult(status="sent", outcome="sent", counts=True, ok=True))
                 queue.finish_campaigns(job.broadcast_id)
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)

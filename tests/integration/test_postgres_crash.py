@@ -57,7 +57,7 @@ def test_results_lost_in_a_crash_restart_come_back_in_doubt(own_server, tmp_path
         batch = queue.claim(5)
         sent = JobResult(status="sent", outcome="sent", counts=True, last_result="250 ok", ok=True)
         for job, next_job in ((batch[0], batch[1]), (batch[1], batch[2])):
-            assert queue.record(job, 1, datetime.now(timezone.utc), sent, next_job).recorded
+            assert queue.record(job, 1, datetime.now(timezone.utc), sent).recorded
     ids = [j.id for j in batch]
 
     crash_postgres(dsn)  # ... and the node dies with it (nobody settles its batch)
@@ -130,23 +130,25 @@ def test_crash_restarts_under_running_nodes_leave_no_silent_duplicate(own_server
 def test_results_lost_behind_a_pooler_are_committed_again_when_the_epoch_changes(make_config, smtp_sink):
     """Behind a pooler in transaction mode a worker's connection survives a Postgres crash, so no
     error tells it that its asynchronously committed results may be gone. The lifeline (a direct
-    connection) sees the new epoch; the worker then checks its results and commits the lost ones."""
+    connection) sees the new epoch; the completer then checks its results and commits the lost ones."""
     import uuid as uuid_module
 
     from senddock.api import Senddock
     from tests_support import running_node, wait_for
 
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1, claim_batch=5)))
+    # One claim of five, all sent at once; no later claim commits (the queue is empty), so no
+    # synchronous commit has flushed their results: the node holds the claim until one does.
+    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=5, claim_batch=5)))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
     with running_node(app.config) as runner:
         wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 30, "the five to be sent")
-        wait_for(lambda: len(runner.held_tokens) == 1, 10, "the worker to hold its last batch")
+        wait_for(lambda: len(runner.held_tokens) == 1, 10, "the node to hold its claim")
         [token] = runner.held_tokens
         # What a crash does to results no synchronous commit flushed: gone, jobs back to 'sending'.
         with app.db.connection() as conn:
             conn.execute("DELETE FROM delivery_attempts")
             conn.execute("UPDATE broadcast_jobs SET status = 'sending', attempts = 0, claim_token = %s, "
-                         "claimed_by = %s", (token, runner.node.id))
+                         "claimed_by = %s, send_begun = true", (token, runner.node.id))
             conn.execute("UPDATE campaigns SET status = 'sending', finished_at = NULL")
         runner.lifeline.epoch = uuid_module.uuid4()  # the lifeline came back to a new epoch
         runner.wake_workers()

@@ -392,18 +392,18 @@ UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s
 -- index of one running broadcast, so jobs of paused, scheduled or finished campaigns cost
 -- nothing, and the outer LIMITs stop after n rows in all: no more than n rows are ever locked.
 -- A job whose address was suppressed since the enqueue is failed here instead of being sent.
--- The batch shares one claim token, made by the worker (see broadcast_jobs: the batch's order
--- says what started). Pending jobs are walked from the broadcast's claim start (migration 4): no
+-- The batch shares one claim token, made by the claimer: it is how this node's orphan recovery
+-- tells a claim still held from one abandoned. Pending jobs are walked from the broadcast's claim start (migration 4): no
 -- pending job is below it, and the index entries of jobs drained before it are never visited,
 -- however old the oldest open snapshot is. The start is read, never locked: claims never wait.
 WITH running AS MATERIALIZED (
-    SELECT c.id AS campaign_id, c.broadcast_id, s.from_at, s.from_id
+    SELECT c.id AS campaign_id, c.broadcast_id, c.send_rate, s.from_at, s.from_id
     FROM campaigns c
     JOIN broadcast_claim_starts s ON s.broadcast_id = c.broadcast_id
     WHERE c.status = 'sending' AND c.broadcast_id IS NOT NULL
     ORDER BY c.broadcast_id
 ), retries AS MATERIALIZED (
-    SELECT j.id, r.campaign_id, j.email
+    SELECT j.id, r.campaign_id, r.send_rate, j.email
     FROM running r
     CROSS JOIN LATERAL (
         SELECT j.id, j.email
@@ -415,7 +415,7 @@ WITH running AS MATERIALIZED (
     ) j
     LIMIT %(limit)s
 ), fresh AS MATERIALIZED (
-    SELECT j.id, r.campaign_id, j.email
+    SELECT j.id, r.campaign_id, r.send_rate, j.email
     FROM running r
     CROSS JOIN LATERAL (
         SELECT j.id, j.email
@@ -432,7 +432,7 @@ WITH running AS MATERIALIZED (
     ) j
     LIMIT (SELECT %(limit)s - count(*) FROM retries)
 ), due AS (
-    SELECT d.id, d.campaign_id,
+    SELECT d.id, d.campaign_id, d.send_rate,
            EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(d.email)) AS suppressed
     FROM (SELECT * FROM retries UNION ALL SELECT * FROM fresh) d
 ), durable AS (
@@ -448,83 +448,141 @@ UPDATE broadcast_jobs j
        claim_token = CASE WHEN due.suppressed THEN NULL ELSE %(claim_token)s::uuid END,
        -- With results committed synchronously a crash loses none: batch order still tells what
        -- began (NULL). Asynchronously, the epoch; none known yet is treated as already lost.
-       claim_epoch = CASE WHEN %(async_results)s THEN coalesce((SELECT id FROM server_epoch), gen_random_uuid()) END
+       claim_epoch = CASE WHEN %(async_results)s THEN coalesce((SELECT id FROM server_epoch), gen_random_uuid()) END,
+       -- Marked begun in the claim itself when every claimed job goes straight to a sender; a job
+       -- that must pass a limit first (pacing, a campaign's rate) is marked by jobs_begin.
+       -- NULL: a caller that sends its batch in id order (the batch's order says what began).
+       send_begun = CASE WHEN due.suppressed OR %(begun)s::boolean IS NULL THEN NULL
+                         ELSE %(begun)s AND due.send_rate IS NULL END
   FROM due, durable, subscribers s
  WHERE j.id = due.id AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
           j.attempts, j.deferrals, j.claim_token,
-          coalesce(extract(epoch FROM now() - j.first_attempt_at), 0)::float8 AS age, due.suppressed;
+          coalesce(extract(epoch FROM now() - j.first_attempt_at), 0)::float8 AS age, due.suppressed,
+          j.domain, due.send_rate, j.send_begun;
 
--- name: job_record_result
--- One statement, one round trip, one commit: the job's outcome (fenced by its claim token) and its
--- delivery_attempts row. Committing it makes the batch's next job the one that may be sending;
--- the statement also tells whether that job is still ours and its campaign still sending. A
--- worker that lost its claim changes nothing here; see job_record_late_success. A pause outcome
--- puts the job back to 'pending' as it was: its key goes to claim_putbacks in this same commit, so
--- no claim starts above it (migration 4).
-WITH result AS (
-    UPDATE broadcast_jobs
-       SET status = %(status)s,
-           attempts = attempts + %(counts)s,
-           deferrals = deferrals + %(deferred)s,
-           next_attempt_at = CASE WHEN %(delay)s::float8 IS NULL THEN next_attempt_at
-                                  ELSE now() + make_interval(secs => %(delay)s::float8) END,
-           failure_reason = %(failure_reason)s,
-           last_result = %(last_result)s,
-           sent_at = CASE WHEN %(status)s = 'sent' THEN now() END,
-           provider_message_id = coalesce(%(provider_message_id)s, provider_message_id),
-           first_attempt_at = coalesce(first_attempt_at, claimed_at),
-           claimed_by = NULL, claim_token = NULL
-     WHERE id = %(job_id)s AND claim_token = %(claim_token)s AND status = 'sending'
-    RETURNING id, broadcast_id, next_attempt_at, status
+-- name: jobs_record_results
+-- The completer's group commit: the results of many sends in one statement and one commit (one
+-- array element per job). Each job's outcome applies only under its own claim token while it is
+-- still 'sending': a result for a job whose claim was taken over (its node was presumed dead)
+-- changes nothing, and its attempt row says claim_lost. A delivery under a lost claim still marks
+-- the job sent unless someone sent it since, so it never goes out again because its node was
+-- slow (in doubt: it may have gone out twice). A pause outcome puts the job back to 'pending' as it
+-- was, its key in claim_putbacks (migration 4). A bounce's pending on_bounced hooks commit with it,
+-- even under a lost claim: the address is dead whoever owns the job now.
+-- Returns, per job, whether its result applied and whether a lost claim's delivery marked it sent.
+WITH r AS (
+    SELECT *
+    FROM unnest(%(job_ids)s::bigint[], %(claim_tokens)s::uuid[], %(broadcast_ids)s::bigint[],
+                %(campaign_ids)s::bigint[], %(emails)s::text[], %(attempts)s::int[], %(statuses)s::text[],
+                %(counts)s::int[], %(deferred)s::int[], %(delays)s::float8[], %(failure_reasons)s::text[],
+                %(last_results)s::text[], %(provider_message_ids)s::text[], %(started_ats)s::timestamptz[],
+                %(outcomes)s::text[], %(in_doubts)s::boolean[], %(oks)s::boolean[], %(phases)s::text[],
+                %(codes)s::int[], %(enhanced_codes)s::text[], %(bounces)s::boolean[], %(pause_reasons)s::text[])
+         AS r (job_id, claim_token, broadcast_id, campaign_id, email, attempt, status, counts, deferred, delay,
+               failure_reason, last_result, provider_message_id, started_at, outcome, in_doubt, ok, phase,
+               code, enhanced_code, bounce, pause_reason)
+), result AS (
+    UPDATE broadcast_jobs j
+       SET status = r.status,
+           attempts = j.attempts + r.counts,
+           deferrals = j.deferrals + r.deferred,
+           next_attempt_at = CASE WHEN r.delay IS NULL THEN j.next_attempt_at
+                                  ELSE now() + make_interval(secs => r.delay) END,
+           failure_reason = r.failure_reason,
+           last_result = r.last_result,
+           sent_at = CASE WHEN r.status = 'sent' THEN now() END,
+           provider_message_id = coalesce(r.provider_message_id, j.provider_message_id),
+           first_attempt_at = coalesce(j.first_attempt_at, j.claimed_at),
+           claimed_by = NULL, claim_token = NULL, send_begun = NULL
+      FROM r
+     WHERE j.id = r.job_id AND j.claim_token = r.claim_token AND j.status = 'sending'
+    RETURNING j.id, j.broadcast_id, j.next_attempt_at, j.status
+), late AS (
+    -- Rows disjoint from result's: one statement must not update a row twice.
+    UPDATE broadcast_jobs j
+       SET status = 'sent', sent_at = now(), attempts = j.attempts + 1, failure_reason = NULL,
+           last_result = r.last_result,
+           provider_message_id = coalesce(r.provider_message_id, j.provider_message_id)
+      FROM r
+     WHERE j.id = r.job_id AND r.ok AND j.status <> 'sent'
+       AND NOT EXISTS (SELECT FROM result x WHERE x.id = r.job_id)
+    RETURNING j.id
 ), put_back AS (
     INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
-    SELECT broadcast_id, next_attempt_at, id FROM result WHERE status = 'pending'
+    SELECT DISTINCT ON (broadcast_id) broadcast_id, next_attempt_at, id
+      FROM result WHERE status = 'pending'
+     ORDER BY broadcast_id, next_attempt_at, id
 ), attempt AS (
     INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, node_id, started_at, outcome,
                                    in_doubt, phase, smtp_code, enhanced_code, message,
                                    provider_message_id, claim_lost)
-    -- A message delivered under a lost claim may have gone out twice: in doubt.
-    VALUES (%(job_id)s, %(broadcast_id)s, %(attempt)s, %(node)s, %(node_id)s, %(started_at)s,
-            %(outcome)s, %(in_doubt)s OR (%(ok)s AND NOT EXISTS (SELECT FROM result)), %(phase)s, %(code)s,
-            %(enhanced_code)s, %(last_result)s, %(provider_message_id)s, NOT EXISTS (SELECT FROM result))
-), next_job AS (
-    SELECT c.status
-      FROM broadcast_jobs j, campaigns c
-     WHERE j.id = %(next_job_id)s AND j.claim_token = %(next_claim_token)s AND j.status = 'sending'
-       AND c.id = %(next_campaign_id)s
+    SELECT r.job_id, r.broadcast_id, r.attempt, %(node)s, %(node_id)s, r.started_at, r.outcome,
+           -- A message delivered under a lost claim may have gone out twice: in doubt.
+           r.in_doubt OR (r.ok AND x.id IS NULL), r.phase, r.code, r.enhanced_code, r.last_result,
+           r.provider_message_id, x.id IS NULL
+      FROM r LEFT JOIN result x ON x.id = r.job_id
+), bounce AS (
+    INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code, diagnostic, node_id)
+    SELECT r.job_id, r.broadcast_id, r.campaign_id, r.email, r.code, r.enhanced_code, r.last_result, %(node_id)s
+      FROM r WHERE r.bounce
+    ON CONFLICT (job_id) DO NOTHING
+), paused AS (
+    -- A pause outcome (the relay refused our credentials, a template failed...) pauses its
+    -- campaign in this same commit, so no claim after it takes another of the campaign's jobs.
+    -- Like campaign_pause for a pause that waits for a person.
+    UPDATE campaigns c
+       SET status = 'paused', paused_reason = p.reason, paused_at = now(), updated_at = now(),
+           auto_resume = false, probe_at = NULL, probes = 0, probe_result = NULL
+      FROM (SELECT DISTINCT ON (r.campaign_id) r.campaign_id, r.pause_reason AS reason
+              FROM r JOIN result x ON x.id = r.job_id
+             WHERE r.pause_reason IS NOT NULL
+             ORDER BY r.campaign_id, r.job_id) p
+     WHERE c.id = p.campaign_id
+       AND (c.status IN ('sending', 'scheduled') OR (c.status = 'paused' AND c.auto_resume))
+    RETURNING c.id
 )
--- synchronous_commit for this commit only: 'off' with database.result_commit: async (claims stay
--- synchronous; a Postgres crash that loses results turns those jobs into recorded in-doubt jobs).
-SELECT EXISTS (SELECT FROM result), (SELECT status FROM next_job),
-       set_config('synchronous_commit', %(synchronous_commit)s, true);
+-- synchronous_commit for this commit only: 'off' with database.result_commit: async (claims and
+-- begin marks stay synchronous; see docs/engine.md).
+-- paused_now: this statement paused the job's campaign (on the campaign's first job in it).
+SELECT r.job_id, x.id IS NOT NULL AS recorded, l.id IS NOT NULL AS late_sent,
+       r.pause_reason IS NOT NULL AND r.job_id = min(r.job_id) FILTER (WHERE r.pause_reason IS NOT NULL)
+                                                  OVER (PARTITION BY r.campaign_id)
+       AND r.campaign_id IN (SELECT id FROM paused) AS paused_now,
+       set_config('synchronous_commit', %(synchronous_commit)s, true)
+  FROM r LEFT JOIN result x ON x.id = r.job_id LEFT JOIN late l ON l.id = r.job_id;
 
--- name: job_result_recorded
--- After a reconnect: did a result commit go through (its reply was lost, or a Postgres crash may
--- have lost it since)? Each send's attempt row carries this node and the send's start time, so it
--- identifies that one commit.
--- Returns its claim_lost, or no row when it never went through.
-SELECT claim_lost FROM delivery_attempts
- WHERE job_id = %(job_id)s AND node_id = %(node_id)s AND started_at = %(started_at)s
- LIMIT 1;
+-- name: jobs_results_recorded
+-- After a lost connection or a server epoch change: which of these results did this node commit
+-- (the reply was lost, or a Postgres crash may have lost the commit since)? Each send's attempt
+-- row carries this node and the send's start time, so it identifies that one commit. Returns the
+-- job ids found, with their claim_lost.
+SELECT a.job_id, a.claim_lost
+  FROM unnest(%(job_ids)s::bigint[], %(started_ats)s::timestamptz[]) AS r (job_id, started_at)
+  JOIN delivery_attempts a ON a.job_id = r.job_id AND a.node_id = %(node_id)s
+                          AND a.started_at IS NOT DISTINCT FROM r.started_at;
 
--- name: job_record_bounce
--- A bounced job's pending on_bounced hooks, in the same commit as its result. Written even when
--- the claim was lost (another node took the job): the address is dead whoever owns the job now.
-INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code, diagnostic, node_id)
-VALUES (%(job_id)s, %(broadcast_id)s, %(campaign_id)s, %(email)s, %(code)s, %(enhanced_code)s, %(diagnostic)s,
-        %(node_id)s)
-ON CONFLICT (job_id) DO NOTHING;
-
--- name: job_record_late_success
--- A worker that lost its claim but delivered the message: mark it sent unless someone sent it
--- since, so it never goes out again just because its worker was slow.
-UPDATE broadcast_jobs
-   SET status = 'sent', sent_at = now(), attempts = attempts + 1, failure_reason = NULL,
-       last_result = %(last_result)s,
-       provider_message_id = coalesce(%(provider_message_id)s, provider_message_id)
- WHERE id = %(job_id)s AND status <> 'sent'
-RETURNING id;
+-- name: jobs_begin
+-- After the limits were taken for jobs claimed with send_begun = false: the admitted ones are
+-- marked begun (this commit is synchronous: a send begins only after it), the held-back ones go
+-- back to wait for their limit, as 'retry' due when it has room, with no attempt spent and nothing
+-- in doubt (their send never began). Both fenced by the claim token.
+WITH begun AS (
+    UPDATE broadcast_jobs j
+       SET send_begun = true
+     WHERE j.id = ANY (%(begun_ids)s::bigint[]) AND j.claim_token = %(claim_token)s AND j.status = 'sending'
+    RETURNING j.id
+), held AS (
+    UPDATE broadcast_jobs j
+       SET status = 'retry', next_attempt_at = h.due_at, send_begun = NULL,
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+      FROM unnest(%(held_ids)s::bigint[], %(held_due)s::timestamptz[]) AS h (id, due_at)
+     WHERE j.id = h.id AND j.claim_token = %(claim_token)s AND j.status = 'sending'
+    RETURNING j.id
+), durable AS (
+    SELECT set_config('synchronous_commit', 'on', true)
+)
+SELECT (SELECT array_agg(id) FROM begun), (SELECT count(*) FROM held), (SELECT 1 FROM durable);
 
 -- name: jobs_release
 -- Claimed jobs that were never started go back as they were (a shutdown, a pause, a lost claim).
@@ -533,7 +591,7 @@ RETURNING id;
 WITH released AS (
     UPDATE broadcast_jobs j
        SET status = CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END,
-           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_begun = NULL
       FROM unnest(%(job_ids)s::bigint[], %(claim_tokens)s::uuid[]) AS r(id, token)
      WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'sending'
     RETURNING j.id, j.broadcast_id, j.next_attempt_at, j.status
@@ -557,8 +615,9 @@ SELECT id FROM released;
 --    before the claim commits, and a claim younger than a second is left alone: the token list
 --    was read just before this statement.
 -- Re-checked inside this one statement: still 'sending', same claim, owner still gone or the
--- batch still unheld. In doubt: the lowest-id job of each batch still 'sending' (the one whose
--- send may have begun), or every job of a batch claimed in an earlier server epoch (the server
+-- batch still unheld. In doubt: the jobs marked send_begun (their send may have begun). For a
+-- batch claimed without marks (send_begun NULL: sent one at a time in id order), the lowest-id job
+-- still 'sending', or every job of it when it was claimed in an earlier server epoch (the server
 -- lost the end of its WAL since: any of the batch's results may be gone). In-doubt jobs are
 -- recorded as such, then retried or failed; the others go back as they were.
 WITH epoch AS MATERIALIZED (
@@ -583,7 +642,7 @@ WITH epoch AS MATERIALIZED (
                    AND l.classid = %(lock_class)s::oid AND l.objid = n.lock_id::oid AND l.objsubid = 2))
       )
 ), locked AS (
-    SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at,
+    SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at, j.send_begun,
            j.claim_epoch IS NOT NULL AND j.claim_epoch IS DISTINCT FROM (SELECT id FROM epoch) AS wal_lost
     FROM broadcast_jobs j
     WHERE j.status = 'sending'
@@ -593,7 +652,11 @@ WITH epoch AS MATERIALIZED (
                AND j.claimed_at < now() - interval '1 second'))
     FOR UPDATE OF j SKIP LOCKED
 ), victims AS (
-    SELECT l.*, l.id = min(l.id) OVER (PARTITION BY l.claim_token) OR l.wal_lost AS started
+    -- send_begun was committed synchronously before the send began, so it is exact even after a
+    -- loss of WAL (a lost result brings its job back 'sending' and begun: in doubt). NULL: a
+    -- batch sent in id order by an earlier version (see the header).
+    SELECT l.*, coalesce(l.send_begun,
+                         l.id = min(l.id) OVER (PARTITION BY l.claim_token) OR l.wal_lost) AS started
     FROM locked l
 ), recovered AS (
     UPDATE broadcast_jobs j
@@ -616,7 +679,7 @@ WITH epoch AS MATERIALIZED (
                               WHEN v.wal_lost THEN 'in doubt: its result may have been lost in a Postgres crash or failover'
                               WHEN v.claimed_by = %(node_id)s THEN 'in doubt: its result was never committed'
                               ELSE 'in doubt: its node died while sending' END,
-           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_begun = NULL
       FROM victims v
      WHERE j.id = v.id AND j.status = 'sending' AND j.claim_token = v.claim_token
        AND (j.claimed_by IN (SELECT id FROM dead) OR j.claimed_by = %(node_id)s)
@@ -1102,7 +1165,7 @@ SELECT s.email, EXISTS (SELECT FROM target) AS found
 WITH released AS (
     UPDATE broadcast_jobs
        SET status = CASE WHEN attempts = 0 THEN 'pending' ELSE 'retry' END,
-           claimed_by = NULL, claim_token = NULL, claimed_at = NULL
+           claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_begun = NULL
      WHERE claimed_by = %(node_id)s AND status = 'sending' AND claim_token = %(claim_token)s
     RETURNING id, broadcast_id, next_attempt_at, status
 ), put_back AS (

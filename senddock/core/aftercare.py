@@ -1,0 +1,193 @@
+"""After a result is committed: its log line, the breakers, a pause, the bounce hooks.
+
+One thread per node, fed by the completer once a group of results has committed, so a slow
+``on_bounced`` plugin never holds a commit back. It borrows a pooled connection only when a result
+needs the database (a bounce, a pause).
+"""
+
+from __future__ import annotations
+
+import queue as queues
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import structlog
+
+from senddock.config import Config
+from senddock.core.breaker import FailureRuns
+from senddock.core.db import Database
+from senddock.core.queue import Queue, Recorded, ResultRow
+from senddock.core.suppressions import Suppressions
+from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class RunStats:
+    counts: Counter = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[what] += n
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
+
+
+@dataclass
+class Committed:
+    """A result as committed, for the aftercare."""
+
+    row: ResultRow
+    verdict: Classification
+    recorded: Recorded
+    hooks_ran: bool = False  # its on_bounced hooks ran (set here; read if it must be committed again)
+
+
+class Aftercare(threading.Thread):
+    def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., Queue], stats: RunStats) -> None:
+        super().__init__(name="senddock-aftercare", daemon=True)
+        self.config = config
+        self.pm = config.plugin_manager
+        self._db = db
+        self._queue_for_conn = queue_for_conn
+        self.stats = stats
+        self.suppressions = Suppressions(db)
+        self.failure_runs = FailureRuns(config.max_consecutive_failures)
+        self._inbox: queues.SimpleQueue[Committed | None] = queues.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._pending = 0
+        self._lock = threading.Lock()
+
+    # -- fed by the completer -----------------------------------------------------------------
+
+    def put(self, item: Committed) -> None:
+        with self._lock:
+            self._pending += 1
+            self._idle.clear()
+        self._inbox.put(item)
+
+    @property
+    def busy(self) -> bool:
+        return not self._idle.is_set()
+
+    def finish(self, timeout: float) -> None:
+        """Handle what is queued, then stop."""
+        self._inbox.put(None)
+        self.join(timeout)
+
+    def run(self) -> None:
+        while (item := self._inbox.get()) is not None:
+            try:
+                self.handle(item)
+            except Exception:
+                # A failed pause or bounce check is retried by the chores (pending_bounces) or
+                # happens again on the next failure; never a dead thread.
+                log.exception("aftercare_error", job_id=item.row.job.id)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    if not self._pending:
+                        self._idle.set()
+
+    # -- one result ----------------------------------------------------------------------------
+
+    def handle(self, item: Committed) -> None:
+        job, outcome, recorded, verdict = item.row.job, item.row.result, item.recorded, item.verdict
+        log.info(
+            "send_attempt",
+            job_id=job.id,
+            broadcast_id=job.broadcast_id,
+            attempt=job.attempts + 1,
+            outcome=outcome.outcome if recorded.recorded else ("sent" if recorded.late_sent else "claim_lost"),
+            code=outcome.code,
+            enhanced_code=outcome.enhanced_code,
+            reason=verdict.reason,
+            retry_in=round(outcome.delay, 1) if outcome.delay is not None else None,
+            in_doubt=outcome.in_doubt or None,
+        )
+        self.stats.count(outcome.outcome if recorded.recorded else "claim_lost")
+        if outcome.bounce:
+            # Even under a lost claim: the address is dead whoever owns the job now.
+            item.hooks_ran = self.bounced(self._bounce(item.row))
+        if not recorded.recorded:
+            return
+        if outcome.outcome == "pause":
+            # Paused in the commit that recorded it (jobs_record_results).
+            self.failure_runs.forget(job.campaign_id)
+            if recorded.paused_now:
+                log.warning("campaign_paused", campaign_id=job.campaign_id, reason=verdict.reason,
+                            resumes="by `campaign resume`")
+
+
+    @staticmethod
+    def _bounce(row: ResultRow) -> Bounce:
+        job, outcome = row.job, row.result
+        return Bounce(
+            email=job.email,
+            kind=BounceKind.BOUNCE,
+            source=BounceSource.TRANSPORT,
+            code=outcome.code,
+            enhanced_code=outcome.enhanced_code,
+            diagnostic=outcome.last_result,
+            job=JobRef(job.id, job.broadcast_id, job.campaign_id),
+        )
+
+    # -- what a result may lead to -------------------------------------------------------------
+
+    @contextmanager
+    def _queue(self) -> Iterator[Queue]:
+        with self._db.connection() as conn:
+            yield self._queue_for_conn(conn)
+
+    def track_failures(self, queue: Queue, campaign_id: int, verdict: Classification) -> None:
+        """Pause a campaign after too many failures in a row that no recipient caused.
+
+        Called by the completer on its own connection before it gives the results' slots back, so
+        no claim after the run's last failure takes another of the campaign's jobs. A bad address
+        (about the recipient, refused before the transport) neither adds to a run of relay
+        failures nor ends one: only deliveries end runs."""
+        trip = self.failure_runs.track(campaign_id, verdict)
+        if trip is None:
+            return
+        if queue.pause_campaign(campaign_id, trip.reason, auto_resume=trip.auto_resume,
+                                probe_in=self.config.breaker.probe_interval):
+            log.warning("campaign_paused", campaign_id=campaign_id, reason=trip.reason,
+                        resumes="when the relay answers a probe" if trip.auto_resume else "by `campaign resume`")
+        self.failure_runs.forget(campaign_id)
+
+    def bounced(self, bounce: Bounce) -> bool:
+        """After a bounce is recorded: the bounce-rate breaker, then the hooks unless it holds them.
+        Returns whether the hooks ran."""
+        job = bounce.job
+        with self._queue() as q:
+            tripped, holding = q.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
+            if tripped:
+                self.failure_runs.forget(job.campaign_id)
+                log.warning("campaign_paused", campaign_id=job.campaign_id, reason="bounce_rate",
+                            resumes="by `campaign resume` (the bounces were real) or after "
+                                    "`campaign unsuppress --since-pause` (they were not)")
+            if holding:
+                q.bounce_hold(job.job_id)  # its hooks wait until a person decides
+                return False
+        return self.run_bounce_hooks(bounce)
+
+    def run_bounce_hooks(self, bounce: Bounce) -> bool:
+        """on_bounced for every plugin, outside any transaction; the pending row goes once all returned."""
+        try:
+            self.pm.hook.on_bounced(bounce=bounce, suppressions=self.suppressions, config=self.config)
+            done = True
+        except Exception as exc:
+            log.error("plugin_failed", hook="on_bounced", error=repr(exc), email=bounce.email, retry_in="10m")
+            done = False
+        if bounce.job is not None:
+            with self._queue() as q:
+                (q.bounce_done if done else q.bounce_retry_later)(bounce.job.job_id)
+        return done

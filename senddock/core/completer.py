@@ -1,0 +1,256 @@
+"""The completer: records the results of many sends in one statement and one commit.
+
+Senders hand each result over and go on to their next send; the completer collects what arrived
+while its last commit ran and commits it all at once (River's batch completer and pgqueuer's
+buffered acknowledgements are the models). A send's slot is given back only once its result has
+committed, so the jobs in doubt after a kill -9 (begun, not recorded) are never more than the
+node's `concurrency`.
+
+With ``database.result_commit: async`` a commit does not wait for the disk: its results stay
+*unsure* (a Postgres crash may lose them) until a later synchronous commit of this node (a claim,
+a begin mark) has flushed the WAL past them, and their claims stay held meanwhile. When the server
+lost WAL (the lifeline sees a new epoch) or a commit's reply never came, the completer asks the
+database which of them it has and commits the others again, synchronously.
+"""
+
+from __future__ import annotations
+
+import queue as queues
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+import structlog
+
+from senddock.core.aftercare import Aftercare, Committed
+from senddock.core.db import Database
+from senddock.core.epoch import ensure_epoch
+from senddock.core.inflight import HeldClaims, Slots
+from senddock.core.nodes import Lifeline
+from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
+from senddock.errors import error_line
+from senddock.outcome import Classification
+
+log = structlog.get_logger(__name__)
+
+# Results per statement at most: a group commit this big already costs little per result.
+MAX_GROUP = 500
+
+
+@dataclass
+class Done:
+    """What a sender hands over: a result to record, or a job to put back unstarted."""
+
+    job: ClaimedJob
+    row: ResultRow | None = None  # None: the send never began, the job goes back as it was
+    verdict: Classification | None = None
+
+
+class Completer(threading.Thread):
+    def __init__(
+        self,
+        db: Database,
+        queue_for_conn: Callable[[psycopg.Connection], Queue],
+        *,
+        slots: Slots,
+        claims: HeldClaims,
+        aftercare: Aftercare,
+        lifeline: Lifeline,
+        async_results: bool,
+        finish_campaigns: Callable[[Queue, set[int]], None],
+        queue_dry: Callable[[], bool],
+    ) -> None:
+        super().__init__(name="senddock-completer", daemon=True)
+        self._db = db
+        self._queue_for_conn = queue_for_conn
+        self._slots = slots
+        self._claims = claims
+        self._aftercare = aftercare
+        self._lifeline = lifeline
+        self._async = async_results
+        self._finish_campaigns = finish_campaigns
+        self._queue_dry = queue_dry
+        self._inbox: queues.SimpleQueue[Done] = queues.SimpleQueue()
+        self._closing = threading.Event()  # no more input will come: record what is left and stop
+        self._lock = threading.Lock()
+        # Commits so far; results committed asynchronously, with the commit that carried them.
+        self._flushes = 0
+        self._unsure: list[tuple[int, Committed]] = []
+        self._failed: list[Done] = []  # a group whose commit's reply never came
+        self._touched: set[int] = set()  # broadcasts with results since campaigns were last finished
+        self._epoch = None
+        self.pending = 0  # results handed over and not committed yet (read by the idle check)
+
+    # -- fed by the senders; told by the claimer -----------------------------------------------
+
+    def put(self, done: Done) -> None:
+        with self._lock:
+            self.pending += 1
+        self._inbox.put(done)
+
+    @property
+    def flushes(self) -> int:
+        """Read before a synchronous commit: once it has committed, pass it to ``covered``."""
+        with self._lock:
+            return self._flushes
+
+    def covered(self, flushes: int) -> None:
+        """A synchronous commit that began after commit number ``flushes`` returned: the WAL is on
+        disk past it, so every result committed up to then is durable."""
+        with self._lock:
+            done = [c for seq, c in self._unsure if seq <= flushes]
+            self._unsure = [(seq, c) for seq, c in self._unsure if seq > flushes]
+        for item in done:
+            self._claims.settle(item.row.job.claim_token)
+
+    def close(self) -> None:
+        """No more results will come (the senders have stopped)."""
+        self._closing.set()
+        self._inbox.put(Done(job=None))  # type: ignore[arg-type]  # wakes the thread
+
+    # -- the thread ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                with self._db.connection() as conn:
+                    queue = self._queue_for_conn(conn)
+                    self._epoch = ensure_epoch(conn).id
+                    self._settle(queue)
+                    backoff = 0.1
+                    if self._loop(queue):
+                        self._let_go()
+                        return
+            except psycopg.OperationalError as exc:
+                log.warning("completer_db_lost", error=error_line(exc), retry_in=backoff)
+            except Exception:
+                # Never a dead completer: a read-only server after a failover, bad bytes in a reply...
+                log.exception("completer_error", retry_in=backoff)
+            if self._closing.is_set() and backoff >= 5.0:
+                # Shutting down and the database is gone: recovery takes what is left (in doubt).
+                log.error("completer_gave_up", results=self.pending)
+                self._let_go()
+                return
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _loop(self, queue: Queue) -> bool:
+        """Commit groups until closed and drained; True once done."""
+        while True:
+            group, closed = self._collect()
+            if self._lifeline.epoch is not None and self._lifeline.epoch != self._epoch:
+                self._server_lost_wal(queue)
+            if group:
+                self._commit(queue, group)
+            if self._touched and self._queue_dry():
+                # The queue is running dry: these results may have finished a campaign.
+                touched, self._touched = self._touched, set()
+                self._finish_campaigns(queue, touched)
+            if closed and not group:
+                return True
+
+    def _collect(self) -> tuple[list[Done], bool]:
+        """Wait for a result, then take everything that has arrived (up to MAX_GROUP)."""
+        group: list[Done] = []
+        try:
+            first = self._inbox.get(timeout=0.1)
+        except queues.Empty:
+            return group, self._closing.is_set() and self._inbox.empty()
+        for item in [first]:
+            if item.job is not None:
+                group.append(item)
+        while len(group) < MAX_GROUP:
+            try:
+                item = self._inbox.get_nowait()
+            except queues.Empty:
+                break
+            if item.job is not None:
+                group.append(item)
+        return group, self._closing.is_set() and self._inbox.empty()
+
+    def _commit(self, queue: Queue, group: list[Done]) -> None:
+        back = [d.job for d in group if d.row is None]
+        results = [d for d in group if d.row is not None]
+        self._failed = group
+        if back:
+            released = queue.release(back)
+            log.info("jobs_put_back", jobs=released)
+        recorded = queue.record_results([d.row for d in results])
+        self._failed = []
+        self._done(group, recorded, self._async, queue)
+
+    def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue) -> None:
+        """A group committed: the failure breaker, then slots back, claims settled (or held while
+        unsure), aftercare fed."""
+        for done in group:
+            if done.row is not None and recorded[done.job.id].recorded and done.row.result.outcome != "pause":
+                self._aftercare.track_failures(queue, done.job.campaign_id, done.verdict)
+        with self._lock:
+            self._flushes += 1
+            seq = self._flushes
+            self.pending -= len(group)
+        for done in group:
+            self._slots.give()
+            if done.row is None:
+                self._claims.settle(done.job.claim_token)
+                continue
+            self._touched.add(done.job.broadcast_id)
+            item = Committed(done.row, done.verdict, recorded[done.job.id])
+            if unsure and item.recorded.recorded:
+                with self._lock:
+                    self._unsure.append((seq, item))
+            else:
+                self._claims.settle(done.job.claim_token)
+            self._aftercare.put(item)
+
+    # -- when a commit's fate is unknown ---------------------------------------------------------
+
+    def _settle(self, queue: Queue) -> None:
+        """On a new connection: finish the group whose commit's reply never came."""
+        group, self._failed = self._failed, []
+        if not group:
+            return
+        back = [d.job for d in group if d.row is None]
+        if back:
+            queue.release(back)
+        results = [d for d in group if d.row is not None]
+        recorded = self._commit_missing(queue, [d.row for d in results])
+        self._done(group, recorded, False, queue)
+
+    def _server_lost_wal(self, queue: Queue) -> None:
+        """The lifeline saw a new server epoch: results committed asynchronously may be gone even
+        though this connection never broke (a pooler in transaction mode keeps the client side of
+        it open across a Postgres crash). Check them and commit the missing ones again."""
+        self._epoch = self._lifeline.epoch
+        with self._lock:
+            unsure, self._unsure = self._unsure, []
+        if not unsure:
+            return
+        log.warning("server_epoch_changed", results=len(unsure))
+        self._commit_missing(queue, [c.row for _, c in unsure])
+        for _, item in unsure:
+            self._claims.settle(item.row.job.claim_token)
+
+    def _commit_missing(self, queue: Queue, rows: list[ResultRow]) -> dict[int, Recorded]:
+        """Commit again, synchronously, the results the database does not have."""
+        if not rows:
+            return {}
+        there = queue.results_recorded(rows)
+        missing = [r for r in rows if r.job.id not in there]
+        again = queue.record_results(missing, synchronous=True) if missing else {}
+        for row in missing:
+            log.warning("result_committed_again", job_id=row.job.id, outcome=row.result.outcome,
+                        claim_lost=not again[row.job.id].recorded)
+        return {**{job_id: Recorded(recorded=not claim_lost, late_sent=False) for job_id, claim_lost in there.items()},
+                **again}
+
+    def _let_go(self) -> None:
+        """On the way out: results still unsure are left to the server (recovery marks their jobs
+        in doubt if it lost them)."""
+        with self._lock:
+            unsure, self._unsure = self._unsure, []
+        for _, item in unsure:
+            self._claims.settle(item.row.job.claim_token)

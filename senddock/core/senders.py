@@ -1,0 +1,136 @@
+"""Senders: the threads that render and send, `concurrency` of them per node, holding no connection.
+
+Each takes a claimed job whose begin mark has committed, renders it, sends it through the
+``send_message`` hook (which may block: a relay's answer), classifies the result and hands it to
+the completer. Each thread keeps its own ``worker_state``, so a transport reuses its connection to
+the relay from one send to the next.
+"""
+
+from __future__ import annotations
+
+import queue as queues
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import structlog
+
+from senddock.compose import BadRecipient, Composer
+from senddock.config import Config
+from senddock.core import results
+from senddock.core.completer import Completer, Done
+from senddock.core.content import ContentCache
+from senddock.core.nodes import Lifeline
+from senddock.core.queue import ClaimedJob, ResultRow
+from senddock.outcome import CampaignContent, Message, Recipient
+from senddock.templates import TemplateError
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    job: ClaimedJob
+    claimed_monotonic: float  # this node's monotonic clock when the claim's reply arrived
+
+
+class Senders:
+    def __init__(self, config: Config, composer: Composer, contents: ContentCache, lifeline: Lifeline,
+                 stopping: threading.Event, completer: Completer, size: int) -> None:
+        self.config = config
+        self.pm = config.plugin_manager
+        self._composer = composer
+        self._contents = contents
+        self._lifeline = lifeline
+        self._stopping = stopping
+        self._completer = completer
+        self._jobs: queues.SimpleQueue[Dispatch | None] = queues.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, name=f"senddock-sender-{i}", daemon=True)
+                         for i in range(size)]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, dispatch: Dispatch) -> None:
+        self._jobs.put(dispatch)
+
+    def stop(self, deadline: float) -> list[str]:
+        """Let the sends in flight finish (jobs not started go back); returns the threads still
+        sending at the deadline."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in self._threads if t.is_alive()]
+
+    def _run(self) -> None:
+        state: dict[str, Any] = {}
+        try:
+            while (dispatch := self._jobs.get()) is not None:
+                try:
+                    done = self._send(dispatch, state)
+                except Exception:
+                    # Nothing here may kill a sender; the job goes back as it was (its send, if it
+                    # began, raised inside results.send and is a result, not this).
+                    log.exception("sender_error", job_id=dispatch.job.id)
+                    done = Done(dispatch.job)
+                self._completer.put(done)
+        finally:
+            try:
+                self.pm.hook.worker_stopped(worker_state=state, config=self.config)
+            except Exception as exc:
+                log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
+
+    def _send(self, dispatch: Dispatch, state: dict[str, Any]) -> Done:
+        job = dispatch.job
+        if self._stopping.is_set() or not self._lifeline.may_send():
+            # Shutting down, or self-fenced (the heartbeat is too old): not started, back it goes.
+            return Done(job)
+        started_at = datetime.now(timezone.utc)
+        try:
+            message = self._message(job)
+        except TemplateError as exc:
+            # This recipient's data does not fit the template: the job goes back, the campaign pauses.
+            result, verdict = results.template_failure(exc, job.email, job.campaign_id)
+        except BadRecipient as exc:
+            # A line break in the name or address: this job fails, nothing reaches the relay.
+            result, verdict = results.bad_recipient_failure(exc)
+        else:
+            result = results.send(self.pm, self.config, message, state)
+            verdict = results.classify(self.pm, self.config, result, message)
+        # The job's age on the database's clock (read at the claim) plus this node's monotonic time
+        # since: retry.max_age never mixes two clocks.
+        age = job.age + (time.monotonic() - dispatch.claimed_monotonic)
+        outcome = results.job_result(
+            self.pm, self.config, result, verdict, attempt=job.attempts + 1, age=age, attempts_before=job.attempts,
+            deferrals_before=job.deferrals,
+        )
+        attempt = job.attempts + (1 if outcome.counts else 0)
+        pause_reason = verdict.reason if outcome.outcome == "pause" else None
+        return Done(job, ResultRow(job, attempt, started_at, outcome, pause_reason), verdict)
+
+    def _message(self, job: ClaimedJob) -> Message:
+        """The job's Message, rendered for its recipient."""
+        content = self._contents.get(job.campaign_id)
+        try:
+            return self._compose(job, content)
+        except TemplateError:
+            # A template error pauses the campaign: first make sure it is not this node's old copy
+            # of a template fixed since (the campaign was paused, fixed and resumed).
+            fresh = self._contents.reload(job.campaign_id)
+            if fresh == content:
+                raise
+            return self._compose(job, fresh)
+
+    def _compose(self, job: ClaimedJob, content: CampaignContent) -> Message:
+        composer = self._composer
+        return composer.message(
+            composer.prepare(content),
+            Recipient(job.email, job.name, job.attributes, job.subscriber_id),
+            job_id=job.id,
+            broadcast_id=job.broadcast_id,
+            attempt=job.attempts + 1,
+        )
