@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psycopg
 import structlog
 
-from senddock.compose import Composer
+from senddock.mail.compose import Composer
 from senddock.config import Config
 from senddock.core.breaker import FailureRuns, Prober
 from senddock.core.db import Database

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import structlog
 
-from senddock.compose import BadRecipient
+from senddock.mail.compose import BadRecipient
 from senddock.core import results
 from senddock.core.epoch import ensure_epoch
 from senddock.core.queue import ClaimedJob, JobResult, Queue, Recorded
@@ -30,7 +30,7 @@ from senddock.outcome import (
     Message,
     Recipient,
 )
-from senddock.templates import TemplateError
+from senddock.mail.templates import TemplateError
 
 if TYPE_CHECKING:
     from senddock.core.runner import Runner
