@@ -1,7 +1,8 @@
 """Value types that cross hook boundaries.
 
-Plugins import these (and :data:`senddock.hookimpl`) and nothing else from senddock. They are small,
-frozen and free of I/O, so a plugin can build them in tests without a database.
+Plugins import these and :data:`senddock.hookimpl` (a transport also :mod:`senddock.mail.mime`, for
+the bytes of a message), never ``senddock.core``. They are small, frozen and free of I/O, so a
+plugin can build them in tests without a database.
 """
 
 from __future__ import annotations
