@@ -3,8 +3,8 @@
     python bench/render.py [--messages 2000]
 
 No database, no network: one thread does what a worker does per job before the transport is
-called (senddock.compose renders the templates and the list headers, senddock.mime builds the
-MIME message, senddock.signing signs it with a 2048-bit RSA key), timed on this process's CPU
+called (senddock.mail.compose renders the templates and the list headers, senddock.mail.mime builds the
+MIME message, senddock.mail.signing signs it with a 2048-bit RSA key), timed on this process's CPU
 clock so other load on the machine does not count. The campaign is a ~9 KB newsletter: a
 personalised subject, a table of articles, images, links, the unsubscribe link; HTML only, so
 the text part is generated as well. Each step is also timed alone.
@@ -22,9 +22,9 @@ from pathlib import Path
 import yaml
 from common import BENCH
 
-from senddock import mime
-from senddock.compose import Composer
 from senddock.config import load_config
+from senddock.mail import mime
+from senddock.mail.compose import Composer
 from senddock.outcome import CampaignContent, Recipient
 
 sys.path.insert(0, str(BENCH.parent / "tests"))

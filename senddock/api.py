@@ -17,8 +17,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from senddock import mime, unsubscribe
-from senddock.addresses import check_address
 from senddock.config import Config, load_config
 from senddock.core import campaign_control, campaigns, drafts, events, lists, migrations, nodes, results, subscribers
 from senddock.core.campaigns import (
@@ -32,6 +30,8 @@ from senddock.core.lists import MailingList
 from senddock.core.subscribers import ImportSummary, Normalised, Rejection
 from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
 from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound, UsageError
+from senddock.mail import mime, unsubscribe
+from senddock.mail.addresses import check_address
 from senddock.outcome import (
     CampaignContent,
     Classification,
@@ -44,7 +44,7 @@ from senddock.outcome import (
 # Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
 # methods that use them: a status query or a list must not load them (see bench/cli_latency.py).
 if TYPE_CHECKING:
-    from senddock.compose import Composer
+    from senddock.mail.compose import Composer
 
 __all__ = [
     "Senddock",
@@ -170,7 +170,7 @@ class Senddock:
             )
 
     def _unsubscribe_configured(self) -> bool:
-        from senddock.compose import UnsubscribeSettings
+        from senddock.mail.compose import UnsubscribeSettings
 
         return UnsubscribeSettings.from_config(self.config).configured
 
@@ -210,8 +210,8 @@ class Senddock:
         send` does unless given --no-unsubscribe) a config without unsubscribe links is refused:
         bulk mail without List-Unsubscribe is what Gmail and Yahoo refuse.
         """
-        from senddock.compose import BadRecipient
-        from senddock.templates import TemplateError
+        from senddock.mail.compose import BadRecipient
+        from senddock.mail.templates import TemplateError
 
         if send_at is not None and send_at.tzinfo is None:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
@@ -269,7 +269,7 @@ class Senddock:
     @property
     def composer(self) -> Composer:
         if self._composer is None:
-            from senddock.compose import Composer
+            from senddock.mail.compose import Composer
 
             self._composer = Composer(self.config)
         return self._composer
@@ -277,7 +277,7 @@ class Senddock:
     def preview(self, campaign_id: int, *, email: str | None = None) -> tuple[Message, bytes]:
         """The campaign's message, rendered and signed for one subscriber (by default the first one
         the campaign reaches), exactly as a worker would build it."""
-        from senddock.templates import TemplateError
+        from senddock.mail.templates import TemplateError
 
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
@@ -422,7 +422,7 @@ def _refuse_past(send_at: datetime) -> None:
 def _check_stored_addresses(content: CampaignContent, *, prefix: str) -> None:
     """A From or Reply-To stored before `campaign create` checked them strictly that the message
     builder cannot use (a list) is one clear line here, not a traceback."""
-    from senddock.addresses import stored_mailbox_problem
+    from senddock.mail.addresses import stored_mailbox_problem
 
     cid = content.campaign_id
     for header, option, value in (("From", "--from", content.from_addr), ("Reply-To", "--reply-to", content.reply_to)):

@@ -26,6 +26,7 @@ from senddock.durations import is_duration, parse_duration
 from senddock.errors import ConfigError
 from senddock.pacing.limits import PacingSettings, pacing_problems, pacing_settings
 from senddock.redact import is_secret_key, redact
+from senddock.retry import RetrySettings, retry_settings
 from senddock.sizes import is_size, parse_size
 
 ENV_CONFIG = "SENDDOCK_CONFIG"
@@ -93,14 +94,6 @@ class DatabaseSettings:
     connect_timeout: float
     auto_migrate: bool
     result_commit: str = "async"
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    schedule: tuple[float, ...]
-    max_retries: int
-    jitter: float
-    max_age: float | None
 
 
 @dataclass(frozen=True)
@@ -191,14 +184,7 @@ class Config:
 
     @property
     def retry(self) -> RetrySettings:
-        r = self.data["retry"]
-        schedule = tuple(parse_duration(d) for d in r["schedule"])
-        return RetrySettings(
-            schedule=schedule,
-            max_retries=len(schedule) if r["max_retries"] is None else r["max_retries"],
-            jitter=float(r["jitter"]),
-            max_age=None if r["max_age"] is None else parse_duration(r["max_age"]),
-        )
+        return retry_settings(self.data["retry"])
 
     @property
     def recovery(self) -> RecoverySettings:
@@ -258,7 +244,9 @@ def load_config(
 
     Raises :class:`ConfigError` listing every problem found.
     """
-    from senddock.plugins import build_plugin_manager  # plugins import config's types
+    # Imported here: the factory loads importlib.metadata and the defaults (ssl), which `--help`
+    # and a usage error do not need.
+    from senddock.plugins import build_plugin_manager
 
     environ = os.environ if environ is None else environ
     config_path = Path(path) if path is not None else None

@@ -5,13 +5,10 @@ from __future__ import annotations
 import random
 import socket
 import ssl
-from typing import TYPE_CHECKING
 
 from senddock.hooks import hookimpl
-from senddock.outcome import Bounce, Classification, Outcome, RetryDecision, SendResult, SuppressionList
-
-if TYPE_CHECKING:  # the config builds the plugin manager that registers these: no import back at run time
-    from senddock.config import Config
+from senddock.outcome import Bounce, Classification, Outcome, PluginConfig, RetryDecision, SendResult, SuppressionList
+from senddock.retry import retry_settings
 
 # Failures of the network or the peer, not of the message: worth another try later.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -34,7 +31,7 @@ def classify_result(result: SendResult) -> Classification:
 
 
 @hookimpl(trylast=True)
-def compute_backoff(attempt: int, classification: Classification, age: float, config: Config,
+def compute_backoff(attempt: int, classification: Classification, age: float, config: PluginConfig,
                     deferrals: int = 0) -> RetryDecision:
     """``retry.schedule[n-1]`` before the n-th retry (the last delay repeats), jittered, never sooner
     than the server asked; give up after ``retry.max_retries`` retries (``retries_exhausted``) or
@@ -42,7 +39,7 @@ def compute_backoff(attempt: int, classification: Classification, age: float, co
 
     Throttling and relay trouble (``classification.deferral``) never use up ``max_retries``: their
     delay follows the schedule by the deferrals in a row, and only ``retry.max_age`` ends them."""
-    retry = config.retry
+    retry = retry_settings(config.section("retry"))
     if classification.deferral:
         step = max(0, deferrals - 1)
     else:

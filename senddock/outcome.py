@@ -1,7 +1,8 @@
 """Value types that cross hook boundaries.
 
-Plugins import these (and :data:`senddock.hookimpl`) and nothing else from senddock. They are small,
-frozen and free of I/O, so a plugin can build them in tests without a database.
+Plugins import these and :data:`senddock.hookimpl` (a transport also :mod:`senddock.mail.mime`, for
+the bytes of a message), never ``senddock.core``. They are small, frozen and free of I/O, so a
+plugin can build them in tests without a database.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class RenderedContent:
 
 
 class MessageSigner(Protocol):
-    """Signs a finished message (DKIM); ``senddock.mime.message_bytes`` applies it."""
+    """Signs a finished message (DKIM); ``senddock.mail.mime.message_bytes`` applies it."""
 
     def sign(self, message: bytes, *, exclude: Collection[str] = ()) -> bytes:
         """The message with its signature header(s) prepended; ``exclude``: header names a
@@ -60,7 +61,7 @@ class Message:
 
     ``message_id`` is derived from the job, so a resend after a crash carries the same Message-ID.
     ``content`` is rendered for this recipient; ``headers`` are the list headers the engine adds
-    (List-Id, List-Unsubscribe, List-Unsubscribe-Post, Feedback-ID...). ``senddock.mime`` turns it
+    (List-Id, List-Unsubscribe, List-Unsubscribe-Post, Feedback-ID...). ``senddock.mail.mime`` turns it
     into a standards-correct, signed MIME message, so every transport sends the same bytes.
     """
 

@@ -60,14 +60,15 @@ sys.exit(code)
 
 
 def imports_of(argv, *, cwd: Path, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
-    """The finished ``senddock ARGV`` and the top-level packages it imported (``psycopg``, ``jinja2``...)."""
+    """The finished ``senddock ARGV`` and what it imported: the top-level packages (``psycopg``,
+    ``jinja2``...) and senddock's own modules by their whole name (``senddock.mail.compose``)."""
     import json
 
     out = cwd / f"imports-{uuid.uuid4().hex[:8]}.json"
     proc = subprocess.run([sys.executable, "-c", _IMPORTS_PROBE, str(out), *map(str, argv)], cwd=cwd,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=120)
     modules = json.loads(out.read_text(encoding="utf-8"))
-    return proc, {name.split(".")[0] for name in modules}
+    return proc, {name.split(".")[0] for name in modules} | {name for name in modules if name.startswith("senddock.")}
 
 
 def make_broadcast(app, emails, **options) -> int:

@@ -83,7 +83,7 @@ def _aware_time(text: str):
 
 
 def _template_variables_help() -> str:
-    from senddock.template_variables import VARIABLES
+    from senddock.mail.template_variables import VARIABLES
 
     width = max(len(name) for name, _ in VARIABLES)
     rows = "\n".join(f"  {name.ljust(width)}  {meaning}" for name, meaning in VARIABLES)

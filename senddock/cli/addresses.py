@@ -6,11 +6,11 @@ import argparse
 import csv
 import sys
 
-from senddock.addresses import check_address
 from senddock.cli.commands import open_senddock
 from senddock.cli.output import Output, plural, table
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
+from senddock.mail.addresses import check_address
 from senddock.outcome import SUPPRESSION_REASONS as REASONS
 
 EXPORT_COLUMNS = ("email", "reason", "code", "diagnostic", "source_broadcast_id", "created_at")

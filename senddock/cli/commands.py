@@ -80,7 +80,7 @@ def database_in_use(config: Config) -> str:
 
 def config_warnings(config: Config, path: Path) -> list[str]:
     """What a valid config will do that its author probably does not want, as ``FILE::$.path: why``."""
-    from senddock.unsubscribe import missing_links
+    from senddock.mail.unsubscribe import missing_links
 
     missing = missing_links(config.section("unsubscribe"))
     if missing is None:

@@ -8,11 +8,11 @@ import signal
 import threading
 from collections.abc import Iterator
 
-from senddock.addresses import check_address
 from senddock.cli import argtypes
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
+from senddock.mail.addresses import check_address
 
 
 def add_commands(sub, camp, command, positive_int) -> None:
@@ -126,8 +126,8 @@ def serve(args: argparse.Namespace, out: Output) -> int:
     _Server = _server_class()
 
     from senddock.core.db import Database
-    from senddock.http_limits import HttpLimits
-    from senddock.serve import create_app
+    from senddock.web.http_limits import HttpLimits
+    from senddock.web.serve import create_app
 
     config = open_config(args)
     settings = config.section("serve")

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from senddock.addresses import check_mailbox
 from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
+from senddock.mail.addresses import check_mailbox
 from senddock.wording import is_status
 
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
-    from senddock.templates import Analysis
+    from senddock.mail.templates import Analysis
 
 _TEMPLATE_OPTION = {"subject": "--subject", "text": "--text", "html": "--html"}
 
@@ -179,7 +179,7 @@ def check_content(subject: str, text_body: str | None, html_body: str | None, *,
     ``unsubscribe_configured``: whether ``unsubscribe_url`` exists (an ``unsubscribe`` section with a
     secret and a url or mailto); a template using it is refused without one.
     """
-    from senddock.templates import CampaignTemplates, TemplateError, analyse, variable_list
+    from senddock.mail.templates import CampaignTemplates, TemplateError, analyse, variable_list
 
     try:
         CampaignTemplates.compile(subject, text_body, html_body)

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.queries import query
-from senddock.mime import ascii_address
+from senddock.mail.mime import ascii_address
 from senddock.outcome import (
     Bounce,
     BounceKind,

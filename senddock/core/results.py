@@ -18,8 +18,8 @@ from senddock.core.queue import JobResult
 from senddock.outcome import Classification, Message, Outcome, RetryDecision, SendResult
 
 if TYPE_CHECKING:  # annotations only: rendering (Jinja2, DKIM) is no import of a status query
-    from senddock.compose import BadRecipient
-    from senddock.templates import TemplateError
+    from senddock.mail.compose import BadRecipient
+    from senddock.mail.templates import TemplateError
 
 log = structlog.get_logger(__name__)
 

@@ -21,7 +21,6 @@ from contextlib import contextmanager
 import psycopg
 import structlog
 
-from senddock.compose import Composer
 from senddock.config import Config
 from senddock.core.aftercare import Aftercare, RunStats
 from senddock.core.breaker import Prober
@@ -36,6 +35,7 @@ from senddock.core.pacing_gate import PacingGate
 from senddock.core.queue import Queue
 from senddock.core.senders import Senders
 from senddock.errors import ConfigError, DatabaseError, SenddockError, error_line
+from senddock.mail.compose import Composer
 from senddock.outcome import Bounce, BounceKind, BounceSource, JobRef
 
 log = structlog.get_logger(__name__)

@@ -17,15 +17,15 @@ from typing import Any
 
 import structlog
 
-from senddock.compose import BadRecipient, Composer
 from senddock.config import Config
 from senddock.core import results
 from senddock.core.completer import Completer, Done
 from senddock.core.content import ContentCache
 from senddock.core.nodes import Lifeline
 from senddock.core.queue import ClaimedJob, ResultRow
+from senddock.mail.compose import BadRecipient, Composer
+from senddock.mail.templates import TemplateError
 from senddock.outcome import CampaignContent, Message, Recipient
-from senddock.templates import TemplateError
 
 log = structlog.get_logger(__name__)
 

@@ -13,12 +13,12 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from senddock import headertext
-from senddock.addresses import check_address
 from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import InvalidInput, NotFound, UsageError
+from senddock.mail import headertext
+from senddock.mail.addresses import check_address
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import psycopg
 import structlog
 from psycopg.rows import dict_row
 
-from senddock.addresses import check_address
 from senddock.core.db import Database
 from senddock.core.queries import query
+from senddock.mail.addresses import check_address
 from senddock.outcome import SUPPRESSION_REASONS as REASONS
 
 log = structlog.get_logger(__name__)

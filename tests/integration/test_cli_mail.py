@@ -118,7 +118,7 @@ def test_create_refuses_unsubscribe_url_without_the_unsubscribe_section(cli, con
 
 
 def test_create_help_lists_every_variable(run_senddock):
-    from senddock.template_variables import VARIABLES
+    from senddock.mail.template_variables import VARIABLES
 
     result = run_senddock("campaign", "create", "--help", db=False)
     assert result.exit_code == 0

@@ -173,7 +173,7 @@ def signed(envelope: dict, key, cert_url: str = CERT_URL) -> dict:
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import padding
 
-    from senddock.sns import string_to_sign
+    from senddock.web.sns import string_to_sign
 
     envelope = {**envelope, "SignatureVersion": "2", "SigningCertURL": cert_url}
     signature = key.sign(string_to_sign(envelope), padding.PKCS1v15(), hashes.SHA256())

@@ -25,11 +25,11 @@ from tests_support import (
     wait_for,
 )
 
-from senddock import mime
 from senddock.api import Senddock
+from senddock.mail import mime
+from senddock.mail.unsubscribe import read_token
 from senddock.sink import FailRule, Sink, _free_port
 from senddock.testing import drain, fast_settings
-from senddock.unsubscribe import read_token
 
 SECRET = "a-long-unsubscribe-secret-for-tests"
 HTML = """<html><body>

@@ -24,9 +24,9 @@ import pytest
 from tests_support import senddock_executable, wait_for
 
 from senddock.api import Senddock
+from senddock.mail.unsubscribe import make_token
 from senddock.sink import _free_port
 from senddock.testing import fast_settings
-from senddock.unsubscribe import make_token
 
 MIB = 1024 * 1024
 SECRET = "a-long-unsubscribe-secret-for-tests"

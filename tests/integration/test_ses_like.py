@@ -14,8 +14,8 @@ import boto3
 import dkim
 import pytest
 
-from senddock import mime
 from senddock.api import Senddock
+from senddock.mail import mime
 from senddock.outcome import CampaignContent, Recipient
 from senddock.testing import drain, fast_settings
 from senddock_ses_like import transport
@@ -182,8 +182,8 @@ def test_a_peer_that_never_answers_is_in_doubt_after_the_timeout(aws_env):
 
 
 def _message():
-    from senddock.compose import Composer
     from senddock.config import load_config
+    from senddock.mail.compose import Composer
 
     composer = Composer(load_config(None, environ={"SENDDOCK_DATABASE_URL": "postgresql://x@localhost/x"}))
     content = CampaignContent(campaign_id=1, name="c", subject="Hi", from_addr="news@example.com", text_body="Hello")

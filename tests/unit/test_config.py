@@ -9,7 +9,7 @@ import yaml
 
 from senddock.config import find_config_path, load_config
 from senddock.errors import ConfigError
-from senddock.unsubscribe import missing_links
+from senddock.mail.unsubscribe import missing_links
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from senddock import headertext
-from senddock.addresses import check_mailbox
-from senddock.compose import BadRecipient, Composer
 from senddock.config import load_config
 from senddock.errors import InvalidInput
+from senddock.mail import headertext
+from senddock.mail.addresses import check_mailbox
+from senddock.mail.compose import BadRecipient, Composer
+from senddock.mail.templates import CampaignTemplates, context_for
 from senddock.outcome import CampaignContent, Recipient
-from senddock.templates import CampaignTemplates, context_for
 
 CAMPAIGN = CampaignContent(campaign_id=7, name="n", subject="Hi {{ subscriber.name }}", from_addr="news@example.com",
                            text_body="Hello {{ subscriber.attributes.city }}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from senddock.http_limits import BodyLimit, HttpLimits
+from senddock.web.http_limits import BodyLimit, HttpLimits
 
 
 def call(middleware: BodyLimit, headers: list[tuple[bytes, bytes]], messages: list[dict[str, Any]],

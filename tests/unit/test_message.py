@@ -12,12 +12,12 @@ from senddock_smtp.classify import classify
 from senddock_smtp.transport import envelope_sender, send
 from tests_support import dkim_key, dns_for
 
-from senddock import mime
-from senddock.compose import Composer
 from senddock.config import load_config
+from senddock.mail import mime
+from senddock.mail.compose import Composer
+from senddock.mail.templates import TemplateError
+from senddock.mail.unsubscribe import read_token
 from senddock.outcome import CampaignContent, Recipient
-from senddock.templates import TemplateError
-from senddock.unsubscribe import read_token
 
 SECRET = "unsubscribe-secret-for-tests"
 
@@ -137,7 +137,7 @@ def test_a_non_ascii_local_part_fails_alone_without_suppression():
 ])
 def test_a_bad_dkim_key_stops_the_start_with_the_key_path(tmp_path, key, error):
     from senddock.errors import ConfigError
-    from senddock.signing import signer_from_config
+    from senddock.mail.signing import signer_from_config
 
     if key is not None:
         (tmp_path / "dkim.pem").write_bytes(key)

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from tests_support import dkim_key, dns_for
 
-from senddock import mime
-from senddock.compose import Composer
 from senddock.config import load_config
+from senddock.mail import mime
+from senddock.mail.compose import Composer
+from senddock.mail.unsubscribe import make_token, unsubscribe_url
 from senddock.outcome import CampaignContent, Recipient
-from senddock.unsubscribe import make_token, unsubscribe_url
 
 SECRET = "unsubscribe-secret-for-tests"
 SUBSCRIBER_ID = 1234567890  # ten digits: the longest token a real list makes

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from senddock import serve
 from senddock.config import load_config
-from senddock.fetch import FetchError
-from senddock.sns import Verifier
+from senddock.web import serve
+from senddock.web.fetch import FetchError
+from senddock.web.sns import Verifier
 from tests_support import asgi_request
 
 TOPIC = "arn:aws:sns:us-east-1:123:ses"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from senddock.sns import SignatureError, is_sns_url, string_to_sign
+from senddock.web.sns import SignatureError, is_sns_url, string_to_sign
 
 
 @pytest.mark.parametrize(("url", "ok"), [

@@ -19,8 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
-from senddock.fetch import FetchError, fetch_small
-from senddock.sns import CertificateUnavailable, SignatureError, Verifier, string_to_sign
+from senddock.web.fetch import FetchError, fetch_small
+from senddock.web.sns import CertificateUnavailable, SignatureError, Verifier, string_to_sign
 
 MIB = 1024 * 1024
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from senddock.mail.templates import VARIABLES, CampaignTemplates, TemplateError, analyse, context_for
 from senddock.outcome import CampaignContent, Recipient
-from senddock.templates import VARIABLES, CampaignTemplates, TemplateError, analyse, context_for
 
 
 def render(subject="Hi", text=None, html=None, **subscriber):

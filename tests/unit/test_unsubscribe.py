@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from senddock.unsubscribe import (
+from senddock.mail.unsubscribe import (
     BadToken,
     UnsubscribeToken,
     make_token,

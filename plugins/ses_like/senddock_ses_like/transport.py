@@ -1,6 +1,6 @@
 """Sending through an SES-style HTTP API: boto3's ``sesv2`` ``send_email`` with Raw content.
 
-The Raw content is the very MIME message the SMTP transport sends (``senddock.mime``): same
+The Raw content is the very MIME message the SMTP transport sends (``senddock.mail.mime``): same
 headers, same Message-ID, same DKIM signature, so switching transports changes nothing the
 recipient sees. One client per worker, kept in ``worker_state`` (botocore clients are cheap to
 reuse and hold a connection pool). The client's own retries are off: senddock's backoff is the
@@ -22,8 +22,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from senddock import mime
 from senddock.durations import parse_duration
+from senddock.mail import mime
 from senddock.outcome import Message, SendResult
 from senddock_ses_like import TRANSPORT
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from senddock import mime
 from senddock.durations import parse_duration
+from senddock.mail import mime
 from senddock.outcome import Message, SendResult
 
 TRANSPORT = "smtp"

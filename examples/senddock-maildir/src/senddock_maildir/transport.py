@@ -1,6 +1,6 @@
 """A senddock transport that delivers each message into a Maildir.
 
-The message is the very one the SMTP transport would send (``senddock.mime.message_bytes``:
+The message is the very one the SMTP transport would send (``senddock.mail.mime.message_bytes``:
 the same headers, Message-ID and DKIM signature). Writing a Maildir is atomic (a file in
 ``tmp/`` renamed into ``new/``), so a crash never leaves half a message.
 """
@@ -12,7 +12,8 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from senddock import hookimpl, mime
+from senddock import hookimpl
+from senddock.mail import mime
 from senddock.outcome import Classification, Message, Outcome, PluginConfig, SendResult
 
 TRANSPORT = "maildir"

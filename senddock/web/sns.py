@@ -8,7 +8,7 @@ trusted for a given URL (``serve.sns_certificates``) are used instead of fetchin
 for networks that cannot reach AWS.
 
 Forged messages cost little: a fetch is bounded in time (the whole of it, see
-:mod:`senddock.fetch`) and size; a failed one is remembered for a minute, so a flood pointing at a
+:mod:`senddock.web.fetch`) and size; a failed one is remembered for a minute, so a flood pointing at a
 bad URL fetches it once; concurrent requests for one URL share one fetch; and only a few URLs are
 fetched at once, the rest refused at once rather than queued.
 """
@@ -29,7 +29,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding
 
-from senddock.fetch import FetchError, fetch_small
+from senddock.web.fetch import FetchError, fetch_small
 
 # A region's SNS endpoint only (sns.us-east-1.amazonaws.com, sns.us-gov-west-1..., sns.cn-north-1
 # ...amazonaws.com.cn): a looser pattern would also match S3 bucket hosts anyone can serve from.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from email.utils import getaddresses
 
-from senddock import headertext
 from senddock.errors import InvalidInput
+from senddock.mail import headertext
 
 # `Display Name <addr>`: one pair of angle brackets, closing the value.
 _ANGLE = re.compile(r"(?P<display>[^<>]*)<(?P<address>[^<>]*)>")

@@ -2,7 +2,7 @@
 nothing the recipient sees. Plugins may import this module (it is not part of the engine).
 
 The standard library's ``email`` package builds the structure; its header folding is replaced by
-:mod:`senddock.headerfold` (encoded-words of at most 75 characters, structured headers such as
+:mod:`senddock.mail.headerfold` (encoded-words of at most 75 characters, structured headers such as
 List-Unsubscribe never encoded), and the text parts are encoded here, 7-bit clean. Every byte of
 the message is ASCII, so it needs no ``BODY=8BITMIME`` (RFC 6152) and no relay ever has to convert
 it: a conversion would change the body under the DKIM body hash.
@@ -21,7 +21,7 @@ from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import format_datetime, getaddresses, localtime
 
-from senddock.headerfold import POLICY
+from senddock.mail.headerfold import POLICY
 from senddock.outcome import Message
 
 BODY_LINE = 76  # RFC 2045 6.7, 6.8: quoted-printable and base64 lines are at most 76 characters

@@ -39,10 +39,10 @@ from senddock.core.db import Database
 from senddock.core.events import UnknownMessage, apply_events
 from senddock.core.suppressions import Suppressions
 from senddock.durations import parse_duration
-from senddock.http_limits import BodyLimit, HttpLimits
+from senddock.mail.unsubscribe import BadToken, UnsubscribeToken, read_token
 from senddock.outcome import EventError
-from senddock.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
-from senddock.unsubscribe import BadToken, UnsubscribeToken, read_token
+from senddock.web.http_limits import BodyLimit, HttpLimits
+from senddock.web.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
 
 log = structlog.get_logger(__name__)
 

@@ -18,12 +18,12 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from senddock import headertext
+from senddock.mail import headertext
+from senddock.mail.template_uses import uses
+from senddock.mail.template_variables import FIELDS as _FIELDS
+from senddock.mail.template_variables import UNSUBSCRIBE_HINT
+from senddock.mail.template_variables import VARIABLES, variable_list  # noqa: F401 - re-exported: the list lives there
 from senddock.outcome import CampaignContent, Recipient, RenderedContent
-from senddock.template_uses import uses
-from senddock.template_variables import FIELDS as _FIELDS
-from senddock.template_variables import UNSUBSCRIBE_HINT
-from senddock.template_variables import VARIABLES, variable_list  # noqa: F401 - re-exported: the list lives there
 
 
 class TemplateError(Exception):

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from senddock import headertext, mime, unsubscribe
-from senddock.addresses import stored_mailbox_problem
 from senddock.config import Config
 from senddock.errors import InvalidInput
+from senddock.mail import headertext, mime, unsubscribe
+from senddock.mail.addresses import stored_mailbox_problem
+from senddock.mail.signing import signer_from_config
+from senddock.mail.templates import CampaignTemplates, TemplateError, context_for
 from senddock.outcome import CampaignContent, Message, MessageSigner, Recipient
-from senddock.signing import signer_from_config
-from senddock.templates import CampaignTemplates, TemplateError, context_for
 
 ONE_CLICK = "List-Unsubscribe=One-Click"  # RFC 8058's List-Unsubscribe-Post value
 
