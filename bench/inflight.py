@@ -60,16 +60,18 @@ from senddock.durations import parse_duration
 
 
 class SinkProcess:
-    """`senddock sink` in a process of its own, on a free port; ``received`` once stopped."""
+    """`senddock sink` in a process of its own, on a free port; ``received`` once stopped. With
+    ``log``, its line per message (each starting with the time it was accepted) goes to that file."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, log: Path | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         # --json: one JSON object on stdout at exit ({"received": N}); the per-message lines go to stderr.
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "senddock", "sink", "--port", str(self.port), "--delay", f"{delay * 1000:g}ms",
-             "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        with open(log or "/dev/null", "wb") as stderr:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "senddock", "sink", "--port", str(self.port), "--delay",
+                 f"{delay * 1000:g}ms", "--json"], stdout=subprocess.PIPE, stderr=stderr)
         self.received: int | None = None
         deadline = time.monotonic() + 30
         while True:
