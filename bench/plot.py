@@ -75,10 +75,10 @@ def _from_row(row: dict) -> list[Scenario]:
     return []
 
 
-def svg(groups: list[Scenario], width: int = 720) -> str:
+def svg(groups: list[Scenario], width: int = 860) -> str:
     """The chart: a row per bar, bars as a share of their group's baseline (100% = the baseline)."""
     label_w, bar_h, gap, top = 230, 18, 14, 40
-    plot_w = width - label_w - 20
+    plot_w = width - label_w - 240  # room right of the longest bar for its label
     # The longest bar sets the scale, at least 100% (the baseline), so a side far ahead still fits.
     scale = max([1.0] + [rate / g.bars[0][1] for g in groups for _, rate in g.bars if g.bars[0][1]])
     colors = {"senddock": "#2b6cb0"}
