@@ -13,10 +13,13 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import psycopg
+import yaml
+
+from senddock.config import base_schema, load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from common import PgSampler, process_cpu  # noqa: E402
+from common import PgSampler, engine_settings, process_cpu  # noqa: E402
 from inflight import SinkProcess  # noqa: E402
 from plot import scenarios, svg  # noqa: E402
 from windows import busiest, judge_windows, sink_log_times, window_counts  # noqa: E402
@@ -133,3 +136,18 @@ def test_plot_draws_each_scenario_scaled_to_its_baseline():
     assert widths["pgqueuer: 8,000 jobs/s"] == 2 * widths["bare loop: 4,000 jobs/s"]
     assert widths["senddock: 2,000 jobs/s"] == widths["bare loop: 4,000 jobs/s"] / 2
     assert abs(widths["senddock: 640 msg/s"] / widths["bare smtplib: 800 msg/s"] - 0.8) < 0.01
+
+
+def test_engine_settings_say_sends_in_flight_in_the_installed_schema(tmp_path: Path):
+    """Before issue 14's engine the schema has `workers` only, after it `concurrency` too: whichever
+    key engine_settings picks, the config loads with the count under it and claim_batch only if known."""
+    settings = engine_settings(7, claim_batch=3)
+    known = base_schema()["properties"]
+    assert set(settings) <= {"concurrency", "workers", "claim_batch"}
+    assert ("concurrency" in settings) == ("concurrency" in known)
+    assert ("claim_batch" in settings) == ("claim_batch" in known)
+    path = tmp_path / "senddock.yaml"
+    path.write_text(yaml.safe_dump(settings), encoding="utf-8")
+    config = load_config(path, environ={"SENDDOCK_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"})
+    key = "concurrency" if "concurrency" in settings else "workers"
+    assert config.data[key] == 7
