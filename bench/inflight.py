@@ -79,6 +79,7 @@ class SinkProcess:
                 [sys.executable, "-m", "senddock", "sink", "--port", str(self.port), "--delay",
                  f"{delay * 1000:g}ms", "--json"], stdout=subprocess.PIPE, stderr=stderr)
         self.received: int | None = None
+        self.connections: int | None = None
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -98,7 +99,9 @@ class SinkProcess:
             self.proc.send_signal(signal.SIGINT)
         out, _ = self.proc.communicate(timeout=60)
         lines = out.decode().strip().splitlines()
-        self.received = json.loads(lines[-1])["received"] if lines else None
+        result = json.loads(lines[-1]) if lines else {}
+        self.received = result.get("received")
+        self.connections = result.get("connections")  # SMTP sessions that delivered; None before the sink said
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Side:
     own_cpu: float | None  # seconds: this process + the sink + the database's backends (None: unreadable)
     error: str | None = None
     connections: Connections | None = None  # senddock's side only
+    smtp_connections: int | None = None  # SMTP sessions that delivered, as the sink counted them
 
 
 def run_senddock(config, timeout: float) -> str | None:
@@ -169,6 +173,7 @@ def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int,
                           error, connections)
     finally:
         sink.stop()
+    result.smtp_connections = sink.connections
     if result.error is None and sink.received != messages:
         result.error = f"the sink received {sink.received} of {messages} messages"
     return result
@@ -186,6 +191,7 @@ def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, t
             continue
         own = "" if result.own_cpu is None else f", own {result.own_cpu / messages * 1e6:,.0f}"
         print(f"  {side:>8}: {messages:,} messages in {result.seconds:.1f}s = {messages / result.seconds:,.0f} msg/s "
+              f"over {result.smtp_connections} SMTP connections "
               f"(CPU per message: machine {result.machine_cpu / messages * 1e6:,.0f}{own} us){pg}", flush=True)
 
     def best(side: str, value, pick):
@@ -209,6 +215,8 @@ def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, t
         "peak_pg_connections": max((r.connections.peak for r in results["senddock"] if r.connections), default=None),
         "peak_pg_connections_by_application": peaks,
         "pool_limit": POOL_LIMIT,
+        **{f"{side}_smtp_connections": max((r.smtp_connections or 0 for r in results[side]), default=None)
+           for side in results},
         **{f"{side}_{kind}_cpu_us_per_message": us(best(side, lambda r, k=kind: getattr(r, f"{k}_cpu"), min))
            for side in results for kind in ("machine", "own")},
         "errors": [f"{side}: {r.error}" for side in results for r in results[side] if r.error],

@@ -71,7 +71,10 @@ def sink(args: argparse.Namespace, out: Output) -> int:
             pass
     finally:
         server.stop()
-    out.result({"received": len(server.received)}, f"received {plural(len(server.received), 'message')}")
+    received = server.received
+    # connections: how many SMTP sessions delivered them (a pooling client's count shows here).
+    out.result({"received": len(received), "connections": len({m.peer for m in received})},
+               f"received {plural(len(received), 'message')}")
     return EXIT_OK
 
 

@@ -76,6 +76,7 @@ def test_sink_process_takes_200_connections_at_once_with_a_delay():
         sink.stop()
     assert errors == []
     assert sink.received == 600
+    assert sink.connections == 200  # one SMTP session per thread, counted by the sink
 
 
 def test_window_counts_leave_out_the_burst_and_the_cut_short_last_window():
