@@ -16,6 +16,9 @@ application_name, against the most a node may hold (`database.pool_size`, 10, th
 included). The sink is a process of its own (as a relay is), started afresh for each side so its
 count of received messages belongs to that side alone; every side must deliver every message.
 Sides alternate, bare first; the best rate of two is kept, and the lower CPU.
+Each side also prints how many SMTP sessions delivered its messages in all, as the sink counts them
+(senddock's SMTP transport starts a fresh one every `max_messages_per_connection`, 100, messages;
+at most C are open at once on either side).
 
 CPU per message is printed two ways: the whole machine's busy time from /proc/stat (what issue 14's
 targets name; on a shared machine it counts the neighbours too), and the run's own: this process,
@@ -191,7 +194,7 @@ def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, t
             continue
         own = "" if result.own_cpu is None else f", own {result.own_cpu / messages * 1e6:,.0f}"
         print(f"  {side:>8}: {messages:,} messages in {result.seconds:.1f}s = {messages / result.seconds:,.0f} msg/s "
-              f"over {result.smtp_connections} SMTP connections "
+              f"over {result.smtp_connections} SMTP sessions in all "
               f"(CPU per message: machine {result.machine_cpu / messages * 1e6:,.0f}{own} us){pg}", flush=True)
 
     def best(side: str, value, pick):
@@ -215,7 +218,7 @@ def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, t
         "peak_pg_connections": max((r.connections.peak for r in results["senddock"] if r.connections), default=None),
         "peak_pg_connections_by_application": peaks,
         "pool_limit": POOL_LIMIT,
-        **{f"{side}_smtp_connections": max((r.smtp_connections or 0 for r in results[side]), default=None)
+        **{f"{side}_smtp_sessions": max((r.smtp_connections or 0 for r in results[side]), default=None)
            for side in results},
         **{f"{side}_{kind}_cpu_us_per_message": us(best(side, lambda r, k=kind: getattr(r, f"{k}_cpu"), min))
            for side in results for kind in ("machine", "own")},
