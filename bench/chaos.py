@@ -1,9 +1,10 @@
 """The chaos suite: faults injected into real broadcasts, and what the relay received afterwards.
 
-    python bench/chaos.py [--recipients 5000] [--kills 20] [--scenarios kills,pg-crash,...] [--json]
+    python bench/chaos.py [--recipients 5000] [--kills 20] [--scenarios kills,pg-crash,...] [--concurrency 2] [--json]
 
 Each scenario sends one broadcast (--recipients readers, campaign 1 of its own database) through
-two `senddock run` processes (--workers each) to an in-process SMTP sink with --delay of latency
+two `senddock run` processes (--concurrency sends in flight each: the config's `concurrency`, or
+`workers` on an install whose schema has no `concurrency` yet; --workers is the same option) to an in-process SMTP sink with --delay of latency
 per message, and injects its fault mid-broadcast:
 
   kills          --kills `kill -9` in total, alternating nodes, each node restarted at once under
@@ -63,7 +64,8 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=defaults.kills, help="kill -9 in the kills scenario")
     parser.add_argument("--scenarios", type=_scenarios, default=list(SCENARIOS), metavar="A,B,...",
                         help=f"which to run, in this order (default: {','.join(SCENARIOS)})")
-    parser.add_argument("--workers", type=int, default=defaults.workers, help="worker threads per node")
+    parser.add_argument("--concurrency", "--workers", dest="workers", type=int, default=defaults.workers,
+                        help="sends in flight per node (config concurrency; workers before issue 14's engine)")
     parser.add_argument("--outage", type=float, default=defaults.outage, metavar="SECONDS",
                         help="how long the relay is gone in smtp-outage")
     parser.add_argument("--delay", type=float, default=defaults.delay, metavar="SECONDS",

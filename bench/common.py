@@ -7,6 +7,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import psycopg
 import yaml
 
 from senddock.api import Senddock
+from senddock.chaos.lab import engine_settings  # noqa: F401 - the benches' one way to say "N sends in flight"
 from senddock.config import Config, load_config
 from senddock.core.db import Database, embedded_server, stop_embedded
 from senddock.testing import create_database, drop_database, migrate_database
@@ -120,6 +122,7 @@ class Connections:
     peak: int = 0
     peak_by_application: dict[str, int] = field(default_factory=dict)
     backend_cpu: float | None = 0.0  # seconds; None when the server's processes cannot be read here
+    sampler_cpu: float = 0.0  # seconds the sampling thread itself used (of this process's CPU)
     samples: int = 0
 
     def describe(self) -> str:
@@ -165,8 +168,11 @@ class PgSampler:
             self.result.backend_cpu = sum(last - first for first, last in self._cpu_seen.values())
 
     def _loop(self) -> None:
+        began = time.thread_time()
         while not self._stop.wait(self._interval):
             self._sample()
+        # Its own reading of /proc is not the run's work: the bench subtracts it from its process's CPU.
+        self.result.sampler_cpu = time.thread_time() - began
 
     def _sample(self, first: bool = False) -> None:
         assert self._conn is not None

@@ -1,27 +1,33 @@
-"""Benchmark: sends in flight. `senddock run` with W workers against a bare W-thread smtplib loop, both
+"""Benchmark: sends in flight. `senddock run` with C sends in flight against a bare C-thread smtplib loop, both
 delivering to one `senddock sink` process (optionally answering DATA after a delay), in one run.
 
-    python bench/inflight.py [--dsn ADMIN_DSN | --embedded] [--messages 3000] [--workers 5 [50 ...]]
+    python bench/inflight.py [--dsn ADMIN_DSN | --embedded] [--messages 3000] [--concurrency 5 [50 ...]]
                              [--delay 50ms]
 
 The comparison points of issue 14: with no delay, a relay-bound loop on the same number of SMTP
-connections; with `--delay 50ms` (a real relay's latency), how far sends in flight scale with W.
-The bare side is a script with no queue at all: W threads, one SMTP connection each reused for the
+connections; with `--delay 50ms` (a real relay's latency), how far sends in flight scale with C.
+The bare side is a script with no queue at all: C threads, one SMTP connection each reused for the
 whole run, sending messages built before the clock starts. The senddock side drains a campaign of
-the same number of one-word messages with `workers: W` (its transport keeps one connection per
-worker), while a sampler reads `pg_stat_activity` of the scratch database every 20 ms and prints
-the peak number of sessions, in all and per application_name. The sink is a process of its own (as
-a relay is), started afresh for each side so its count of received messages belongs to that side
-alone; every side must deliver every message. Sides alternate, bare first; the best rate of two
-is kept, and the lower CPU.
+the same number of one-word messages with `concurrency: C` (`workers: C` on an install whose config
+schema has no `concurrency` yet, i.e. before issue 14's engine, so one command measures before and
+after; `--workers` is the same option), while a sampler reads `pg_stat_activity` of the scratch
+database every 20 ms and prints the node's peak number of sessions, in all and per
+application_name, against the most a node may hold (`database.pool_size`, 10, the lifeline
+included). The sink is a process of its own (as a relay is), started afresh for each side so its
+count of received messages belongs to that side alone; every side must deliver every message.
+Sides alternate, bare first; the best rate of two is kept, and the lower CPU.
+Each side also prints how many SMTP sessions delivered its messages in all, as the sink counts them
+(senddock's SMTP transport starts a fresh one every `max_messages_per_connection`, 100, messages;
+at most C are open at once on either side).
 
 CPU per message is printed two ways: the whole machine's busy time from /proc/stat (what issue 14's
 targets name; on a shared machine it counts the neighbours too), and the run's own: this process,
 the sink process and this database's Postgres backends (read from /proc when the server runs here).
 
-A W whose sessions do not fit the server's max_connections fails on the senddock side: that is
-reported with the error (and, when every message went out but the node did not exit, how long the
-sends took), the bare side is still measured, and the next W runs. --timeout bounds each side.
+A C whose sessions do not fit the server's max_connections fails on the senddock side (before
+issue 14's engine a node holds a connection per worker): that is reported with the error (and, when
+every message went out but the node did not exit, how long the sends took), the bare side is still
+measured, and the next C runs. --timeout bounds each side.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from common import (
     bench_config,
     bench_parser,
     enqueue,
+    engine_settings,
     fill_list,
     machine_cpu,
     open_app,
@@ -58,19 +65,24 @@ from senddock.cli.logs import configure_logging
 from senddock.core.runner import Runner
 from senddock.durations import parse_duration
 
+POOL_LIMIT = 10  # database.pool_size's default: the most sessions issue 14 lets a node hold, lifeline included
+
 
 class SinkProcess:
-    """`senddock sink` in a process of its own, on a free port; ``received`` once stopped."""
+    """`senddock sink` in a process of its own, on a free port; ``received`` once stopped. With
+    ``log``, its line per message (each starting with the time it was accepted) goes to that file."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, log: Path | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         # --json: one JSON object on stdout at exit ({"received": N}); the per-message lines go to stderr.
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "senddock", "sink", "--port", str(self.port), "--delay", f"{delay * 1000:g}ms",
-             "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        with open(log or "/dev/null", "wb") as stderr:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "senddock", "sink", "--port", str(self.port), "--delay",
+                 f"{delay * 1000:g}ms", "--json"], stdout=subprocess.PIPE, stderr=stderr)
         self.received: int | None = None
+        self.connections: int | None = None
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -90,7 +102,9 @@ class SinkProcess:
             self.proc.send_signal(signal.SIGINT)
         out, _ = self.proc.communicate(timeout=60)
         lines = out.decode().strip().splitlines()
-        self.received = json.loads(lines[-1])["received"] if lines else None
+        result = json.loads(lines[-1]) if lines else {}
+        self.received = result.get("received")
+        self.connections = result.get("connections")  # SMTP sessions that delivered; None before the sink said
 
 
 @dataclass
@@ -100,6 +114,7 @@ class Side:
     own_cpu: float | None  # seconds: this process + the sink + the database's backends (None: unreadable)
     error: str | None = None
     connections: Connections | None = None  # senddock's side only
+    smtp_connections: int | None = None  # SMTP sessions that delivered, as the sink counted them
 
 
 def run_senddock(config, timeout: float) -> str | None:
@@ -137,7 +152,7 @@ def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int,
             reset_jobs(dsn)
             config = bench_config(dsn, folder, {
                 "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port, "security": "none"},
-                "workers": workers, "poll_interval": "100ms"})
+                **engine_settings(workers), "poll_interval": "100ms"})
             app = open_app(config, dsn)
             campaign_id, _ = enqueue(app)  # outside the clock, like the bare side's messages
             with PgSampler(dsn) as connections:
@@ -161,6 +176,7 @@ def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int,
                           error, connections)
     finally:
         sink.stop()
+    result.smtp_connections = sink.connections
     if result.error is None and sink.received != messages:
         result.error = f"the sink received {sink.received} of {messages} messages"
     return result
@@ -178,6 +194,7 @@ def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, t
             continue
         own = "" if result.own_cpu is None else f", own {result.own_cpu / messages * 1e6:,.0f}"
         print(f"  {side:>8}: {messages:,} messages in {result.seconds:.1f}s = {messages / result.seconds:,.0f} msg/s "
+              f"over {result.smtp_connections} SMTP sessions in all "
               f"(CPU per message: machine {result.machine_cpu / messages * 1e6:,.0f}{own} us){pg}", flush=True)
 
     def best(side: str, value, pick):
@@ -194,12 +211,15 @@ def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, t
         for name, count in r.connections.peak_by_application.items() if r.connections else ():
             peaks[name] = max(peaks.get(name, 0), count)
     return {
-        "messages": messages, "workers": workers, "delay_ms": round(delay * 1000),
+        "messages": messages, "concurrency": workers, "workers": workers, "delay_ms": round(delay * 1000),
         "bare_messages_per_s": rates["bare"] and round(rates["bare"]),
         "senddock_messages_per_s": rates["senddock"] and round(rates["senddock"]),
         "ratio": round(rates["senddock"] / rates["bare"], 2) if rates["bare"] and rates["senddock"] else None,
         "peak_pg_connections": max((r.connections.peak for r in results["senddock"] if r.connections), default=None),
         "peak_pg_connections_by_application": peaks,
+        "pool_limit": POOL_LIMIT,
+        **{f"{side}_smtp_sessions": max((r.smtp_connections or 0 for r in results[side]), default=None)
+           for side in results},
         **{f"{side}_{kind}_cpu_us_per_message": us(best(side, lambda r, k=kind: getattr(r, f"{k}_cpu"), min))
            for side in results for kind in ("machine", "own")},
         "errors": [f"{side}: {r.error}" for side in results for r in results[side] if r.error],
@@ -209,8 +229,9 @@ def measure(dsn: str, messages: int, workers: int, delay: float, folder: Path, t
 def main() -> None:
     parser = bench_parser(__doc__)
     parser.add_argument("--messages", type=int, default=3_000)
-    parser.add_argument("--workers", type=int, nargs="+", default=[5],
-                        help="senddock workers and bare threads (= SMTP connections); several values run in turn")
+    parser.add_argument("--concurrency", "--workers", dest="workers", type=int, nargs="+", default=[5],
+                        help="senddock's sends in flight and the bare loop's threads (= SMTP connections); several "
+                             "values run in turn")
     parser.add_argument("--delay", type=parse_duration, default=0.0,
                         help="the sink answers DATA after this long (e.g. 50ms; default none)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one side may take before it is stopped")
@@ -222,13 +243,15 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
         for workers in args.workers:
-            print(f"W={workers}, delay {args.delay * 1000:g} ms, {args.messages:,} messages:", flush=True)
+            print(f"C={workers}, delay {args.delay * 1000:g} ms, {args.messages:,} messages:", flush=True)
             row = measure(dsn, args.messages, workers, args.delay, Path(folder), args.timeout)
             rows.append(row)
             ratio = f"ratio {row['ratio']}x" if row["ratio"] is not None else "no ratio: " + "; ".join(row["errors"])
+            peak = row["peak_pg_connections"]
+            verdict = "within" if peak is not None and peak <= POOL_LIMIT else "OVER"
             print(f"  senddock {row['senddock_messages_per_s'] or '-'} msg/s vs bare smtplib "
-                  f"{row['bare_messages_per_s'] or '-'} msg/s: {ratio}; peak {row['peak_pg_connections']} "
-                  f"Postgres connections", flush=True)
+                  f"{row['bare_messages_per_s'] or '-'} msg/s: {ratio} (target >= 0.8); peak {peak} Postgres "
+                  f"sessions for the node: {verdict} the limit of {POOL_LIMIT} (database.pool_size)", flush=True)
     print(json.dumps({"benchmark": "inflight", "rows": rows}))
     sys.exit(1 if any(row["errors"] for row in rows) else 0)
 

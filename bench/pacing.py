@@ -9,7 +9,7 @@ measures the limiter alone. Prints the rate admitted over the run (by the statem
 from the first admission to the last; the burst the idle limit let go at once is left out) against
 the configured one (target: 1.0, never above), the most sends admitted in any
 second (GCRA's bound: rate + burst), the takes per second all nodes made, and the median time of
-one take.
+one take. bench/paced_nodes.py measures the same limit end to end: real nodes, a relay's clock.
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import random
 import statistics
 import threading
 import time
-from datetime import timedelta
-
 import psycopg
 from common import admin_dsn, bench_parser, scratch_database
+from windows import busiest
 
 from senddock.cli.logs import configure_logging
 from senddock.core.pacer import Admission, Pacer
@@ -75,8 +74,8 @@ def main() -> None:
     admitted = [a for a in takes if a.admitted]
     span = (admitted[-1].at - admitted[0].at).total_seconds()
     total = sum(a.admitted for a in admitted)
-    second = timedelta(seconds=1)
-    busiest = max(sum(b.admitted for b in admitted if a.at <= b.at < a.at + second) for a in admitted)
+    busiest_second = busiest([(a.at - admitted[0].at).total_seconds() for a in admitted], 1.0,
+                             [a.admitted for a in admitted])
     row = {
         "nodes": args.nodes,
         "rate_configured_per_s": round(limit.rate.per_second, 3),
@@ -85,13 +84,13 @@ def main() -> None:
         "span_s": round(span, 3),
         "rate_admitted_per_s": round((total - limit.rate.burst) / span, 3),
         "ratio": round((total - limit.rate.burst) / span / limit.rate.per_second, 4),
-        "busiest_second": busiest,
+        "busiest_second": busiest_second,
         "bound_per_second": round(limit.rate.per_second + limit.rate.burst, 3),
         "takes_per_s": round(len(takes) / span, 1),
         "take_median_ms": round(statistics.median(latencies) * 1000, 2),
     }
     print(f"{args.nodes} nodes on {limit.rate}: admitted {row['rate_admitted_per_s']}/s over {row['span_s']}s "
-          f"(ratio {row['ratio']}), busiest second {busiest} (bound {row['bound_per_second']}), "
+          f"(ratio {row['ratio']}), busiest second {busiest_second} (bound {row['bound_per_second']}), "
           f"{row['takes_per_s']} takes/s, a take {row['take_median_ms']} ms")
     print(json.dumps({"benchmark": "pacing", **row}))
 

@@ -8,6 +8,7 @@ import fnmatch
 import re
 import ssl
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from email import message_from_bytes
@@ -74,6 +75,7 @@ class Received:
     subject: str
     data: bytes
     peer: tuple = ()  # the client's (host, port): one per SMTP connection
+    at: float = 0.0  # time.time() when accepted (after any delay): what a relay's rate is measured by
 
 
 @dataclass
@@ -121,6 +123,7 @@ class SinkHandler:
             subject=str(parsed.get("Subject", "")),
             data=data,
             peer=tuple(session.peer or ()),
+            at=time.time(),
         )
         with self._lock:
             self.received.append(received)

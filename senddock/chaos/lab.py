@@ -213,6 +213,20 @@ def cli_json(dsn: str, config_path: Path, *argv: str, timeout: float = 120) -> t
     return proc.returncode, payload
 
 
+def engine_settings(concurrency: int, claim_batch: int | None = None) -> dict[str, int]:
+    """The settings for ``concurrency`` sends in flight per node, claiming ``claim_batch`` at a time:
+    ``concurrency`` where this install's config schema has it (issue 14's engine), else ``workers``
+    (one thread per send before it); ``claim_batch`` only where the schema still has it. So the same
+    harness and benchmarks measure before and after the engine changed."""
+    from senddock.config import base_schema
+
+    known = base_schema()["properties"]
+    settings = {"concurrency" if "concurrency" in known else "workers": concurrency}
+    if claim_batch is not None and "claim_batch" in known:
+        settings["claim_batch"] = claim_batch
+    return settings
+
+
 def node_settings(smtp_port: int, *, workers: int, breaker: int) -> dict[str, Any]:
     """Fast timings (as in senddock.testing.fast_settings) and retries generous enough that a
     relay outage of a few seconds cannot exhaust them: a job failing for that would be a loss the
@@ -220,8 +234,7 @@ def node_settings(smtp_port: int, *, workers: int, breaker: int) -> dict[str, An
     return {
         "smtp": {"host": "127.0.0.1", "port": smtp_port, "timeout": "5s", "security": "none"},
         "transport": {"name": "smtp", "max_consecutive_failures": breaker},
-        "workers": workers,
-        "claim_batch": 5,
+        **engine_settings(workers, claim_batch=5),
         "retry": {"schedule": ["1s", "2s", "4s"], "max_retries": 30, "jitter": 0.1},
         "recovery": {"heartbeat": "200ms", "lease": "3s"},
         "poll_interval": "100ms",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,7 +52,9 @@ def sink(args: argparse.Namespace, out: Output) -> int:
         raise UsageError(str(exc)) from None
 
     def show(message: Received) -> None:
-        line = f"{' '.join(message.recipients)}  {message.message_id}  {message.subject}"
+        # The time first (UTC, milliseconds): a relay's rate is read from this log (bench/paced_nodes.py).
+        at = datetime.fromtimestamp(message.at, timezone.utc).isoformat(timespec="milliseconds")
+        line = f"{at}  {' '.join(message.recipients)}  {message.message_id}  {message.subject}"
         out.problem(line) if out.json_mode else print(line, flush=True)
 
     try:
@@ -68,7 +71,10 @@ def sink(args: argparse.Namespace, out: Output) -> int:
             pass
     finally:
         server.stop()
-    out.result({"received": len(server.received)}, f"received {plural(len(server.received), 'message')}")
+    received = server.received
+    # connections: how many SMTP sessions delivered them (a pooling client's count shows here).
+    out.result({"received": len(received), "connections": len({m.peer for m in received})},
+               f"received {plural(len(received), 'message')}")
     return EXIT_OK
 
 

@@ -5,6 +5,7 @@ import signal
 import smtplib
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,11 @@ def test_sink_command_accepts_saves_and_fails_chosen_recipients(tmp_path: Path):
         sink.send_signal(signal.SIGTERM)
         stdout, stderr = sink.communicate(timeout=30)
     assert sink.returncode == 0, stderr
-    assert "ok@example.com  <m1@example.com>  hi" in stdout
+    # Each line starts with the time the message was accepted (UTC, ms): bench/paced_nodes.py reads rates from it.
+    line = next(line for line in stdout.splitlines() if "ok@example.com" in line)
+    at, rest = line.split("  ", 1)
+    assert rest == "ok@example.com  <m1@example.com>  hi"
+    assert abs(datetime.fromisoformat(at).timestamp() - time.time()) < 60 and at.endswith("+00:00"), at
     assert "received 1 message\n" in stdout
     saved = list((tmp_path / "mail").glob("*.eml"))
     assert len(saved) == 1 and b"hello" in saved[0].read_bytes()
