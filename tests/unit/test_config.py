@@ -48,7 +48,7 @@ def test_shipped_config_names_the_unsubscribe_secret_it_needs():
 
 def test_defaults():
     config = load_config(None, environ={})
-    assert config.workers == 5
+    assert config.concurrency == 50 and config.claim_batch == 50
     assert config.retry.schedule == (30, 120, 480, 1800, 3600)
     assert config.retry.max_retries == 5
     assert config.retry.jitter == 0.1
@@ -299,3 +299,10 @@ def test_a_config_under_dev_resolves_relative_paths_in_the_current_directory(tmp
     config = load_config(Path("/dev/null"), environ={})
     assert config.folder == tmp_path
     assert config.database.embedded_path == tmp_path / ".senddock" / "pgdata"
+
+
+def test_workers_is_the_former_name_of_concurrency(tmp_path):
+    assert load_config(write(tmp_path, "workers: 7\n")).concurrency == 7
+    assert load_config(write(tmp_path, "concurrency: 200\n")).concurrency == 200
+    path = write(tmp_path, "concurrency: 200\nworkers: 7\n")
+    assert errors_of(path) == [f"{path}::$.workers: the former name of concurrency: set concurrency alone"]
