@@ -1,0 +1,141 @@
+"""Many sends in flight on few connections: the group commit's fencing, the connection bound, and
+kill -9 with hundreds of sends in flight."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+
+from senddock.api import Senddock
+from senddock.core.queue import JobResult, Queue, ResultRow
+from senddock.testing import drain, fast_settings
+from tests_support import make_broadcast, register, sent_count, start_node, wait_for, write_config
+
+SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True, last_result="250 ok")
+RETRY = JobResult(status="retry", outcome="retry", counts=True, delay=60, last_result="451 try later")
+PAUSE = JobResult(status="pending", outcome="pause", counts=False, last_result="535 auth failed")
+
+
+def test_one_group_commit_fences_each_result_by_its_own_claim(senddock_app, database_dsn):
+    """Four results in one statement: one still ours (applies), one whose claim another node took
+    over (its retry changes nothing, its attempt says claim_lost), one delivered under a lost claim
+    (marked sent all the same, in doubt), and a pause (the campaign pauses in the same commit)."""
+    emails = ["own@example.com", "taken@example.com", "late@example.com", "pause@example.com"]
+    campaign_id = make_broadcast(senddock_app, emails)
+    with psycopg.connect(database_dsn, autocommit=True) as conn_a, psycopg.connect(database_dsn, autocommit=True) as conn_b:
+        slow, fast = register(conn_a, "slow"), register(conn_b, "fast")
+        mine = {j.email: j for j in Queue(conn_a, slow).claim(4, begun=True)}
+        assert all(j.send_begun for j in mine.values())
+        # The slow node's claims of two jobs were taken over meanwhile (its lease ran out).
+        conn_b.execute("UPDATE broadcast_jobs SET claim_token = %s, claimed_by = %s WHERE email = ANY(%s)",
+                       (uuid.uuid4(), fast.id, ["taken@example.com", "late@example.com"]))
+        rows = [ResultRow(mine["own@example.com"], 1, None, SENT),
+                ResultRow(mine["taken@example.com"], 1, None, RETRY),
+                ResultRow(mine["late@example.com"], 1, None, SENT),
+                ResultRow(mine["pause@example.com"], 0, None, PAUSE, pause_reason="auth_failed")]
+        recorded = Queue(conn_a, slow).record_results(rows)
+        by_email = {e: recorded[mine[e].id] for e in emails}
+        jobs = dict(conn_a.execute("SELECT email, status FROM broadcast_jobs").fetchall())
+        log = {r[0]: r[1:] for r in conn_a.execute(
+            "SELECT j.email, a.outcome, a.claim_lost, a.in_doubt FROM delivery_attempts a "
+            "JOIN broadcast_jobs j ON j.id = a.job_id")}
+        campaign = conn_a.execute("SELECT status, paused_reason FROM campaigns WHERE id = %s", (campaign_id,)).fetchone()
+    assert {e: (r.recorded, r.late_sent) for e, r in by_email.items()} == {
+        "own@example.com": (True, False), "taken@example.com": (False, False),
+        "late@example.com": (False, True), "pause@example.com": (True, False)}
+    assert by_email["pause@example.com"].paused_now
+    assert jobs == {"own@example.com": "sent", "taken@example.com": "sending", "late@example.com": "sent",
+                    "pause@example.com": "pending"}
+    assert log == {"own@example.com": ("sent", False, False), "taken@example.com": ("retry", True, False),
+                   "late@example.com": ("sent", True, True), "pause@example.com": ("pause", False, False)}
+    assert campaign == ("paused", "auth_failed")
+
+
+def test_a_node_uses_at_most_pool_size_connections_whatever_its_concurrency(make_config, smtp_sink):
+    """100 sends in flight against a relay that takes 20 ms a message, on pool_size 6: the node's
+    sessions on the server (lifeline included) never exceed 6, and everyone gets one message."""
+    smtp_sink.handler.delay = 0.02
+    settings = fast_settings(smtp_sink.port, concurrency=100, database={"pool_size": 6})
+    app = Senddock(make_config(settings))
+    emails = [f"user{i}@example.com" for i in range(1500)]
+    campaign_id = make_broadcast(app, emails)
+    database = app.db.connection
+    peak, done = Counter(), threading.Event()
+
+    def sample() -> None:
+        with database() as conn:
+            while not done.is_set():
+                rows = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                    "AND (application_name LIKE 'senddock-run%%' "
+                                    "OR application_name LIKE 'senddock-lifeline%%')").fetchone()
+                peak["sessions"] = max(peak["sessions"], rows[0])
+                time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        drain(app.config)
+    finally:
+        done.set()
+        sampler.join()
+    assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(emails)
+    assert app.campaign_status(campaign_id).status == "finished"
+    assert 3 <= peak["sessions"] <= 6, peak
+    app.close()
+
+
+def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate(
+        make_config, database_dsn, smtp_sink, tmp_path: Path):
+    """Killed while 200 sends are in flight to a relay that takes 50 ms a message: nobody is
+    dropped, every duplicate is listed in doubt, and each kill leaves at most `concurrency` jobs in
+    doubt (begun and not recorded)."""
+    concurrency = 200
+    smtp_sink.handler.delay = 0.05
+    settings = fast_settings(smtp_sink.port, concurrency=concurrency,
+                             recovery={"heartbeat": "200ms", "lease": "3s", "max_rescues": 50})
+    app = Senddock(make_config(settings))
+    emails = [f"user{i}@example.com" for i in range(4000)]
+    campaign_id = make_broadcast(app, emails)
+    config_path = write_config(tmp_path, settings)
+    rng = random.Random(20261203)
+    in_doubt_after: list[int] = []
+    kills = 0
+    for _ in range(3):
+        before = sent_count(database_dsn)
+        node = start_node(config_path, database_dsn, "crowded")
+        wait_for(lambda: sent_count(database_dsn) > before + 300 or node.poll() is not None, 60, "progress")
+        time.sleep(rng.uniform(0.0, 0.3))
+        if node.poll() is None:
+            node.send_signal(signal.SIGKILL)
+            kills += 1
+        node.wait(30)
+        with psycopg.connect(database_dsn) as conn:
+            # What the next incarnation will find in doubt: begun and not recorded.
+            in_doubt_after.append(conn.execute(
+                "SELECT count(*) FROM broadcast_jobs WHERE status = 'sending' AND send_begun").fetchone()[0])
+    assert kills >= 2, "the broadcast finished before it could be killed; make it bigger"
+    final = start_node(config_path, database_dsn, "crowded", "--exit-when-idle")
+    _, stderr = final.communicate(timeout=180)
+    assert final.returncode == 0, stderr.decode()[-2000:]
+
+    status = app.campaign_status(campaign_id)
+    assert (status.status, status.sent, status.failed) == ("finished", len(emails), 0)
+    delivered = Counter(r.recipients[0] for r in smtp_sink.received)
+    assert set(delivered) == set(emails), "every recipient got the message at least once"
+    twice = {email for email, n in delivered.items() if n > 1}
+    with app.db.connection() as conn:
+        in_doubt = {r[0] for r in conn.execute(
+            "SELECT DISTINCT j.email FROM delivery_attempts a JOIN broadcast_jobs j ON j.id = a.job_id "
+            "WHERE a.in_doubt")}
+    assert twice <= in_doubt, f"duplicates not recorded as in doubt: {sorted(twice - in_doubt)[:5]}"
+    assert all(n <= concurrency for n in in_doubt_after), in_doubt_after
+    assert len(in_doubt) <= kills * concurrency
+    print(f"kills={kills} in doubt after each={in_doubt_after} in_doubt={len(in_doubt)} twice={len(twice)}")
+    app.close()
