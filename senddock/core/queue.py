@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
+import structlog
 from psycopg.rows import class_row, dict_row
 
 from senddock.config import BreakerSettings
 from senddock.core.nodes import LOCK_CLASS, NodeIdentity
 from senddock.core.queries import query
+from senddock.pacing.rates import Rate, parse_campaign_rate
+
+log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
@@ -269,3 +273,17 @@ class Queue:
     def campaign_content(self, campaign_id: int) -> dict[str, Any] | None:
         with self.conn.cursor(row_factory=dict_row) as cur:
             return cur.execute(query("campaign_content"), {"campaign_id": campaign_id}).fetchone()
+
+    def campaign_rates(self, campaign_ids: Collection[int]) -> dict[int, Rate]:
+        """The rates of their own of those campaigns, for their `campaign:ID` limits (those without
+        one are absent). Read afresh with every claim, never cached with the content: `campaign
+        set-rate` applies on every node from its next claim. A rate that cannot be read (written
+        into the table by hand) is logged and left out: it must not stop the node, and the config's
+        limits still hold."""
+        rates = {}
+        for campaign_id, stored in self.conn.execute(query("campaign_rates"), {"campaign_ids": list(campaign_ids)}):
+            try:
+                rates[campaign_id] = parse_campaign_rate(stored)
+            except ValueError as exc:
+                log.warning("campaign_rate_unreadable", campaign_id=campaign_id, error=str(exc))
+        return rates
