@@ -42,9 +42,10 @@ def refresh_interval(text: str) -> float:
 
 def send_rate(text: str) -> str:
     """`--rate 100/min`: refused here, before any database work, with the form to use."""
+    from senddock.core.campaign_rate import NO_RATE
     from senddock.pacing.rates import rate_problem
 
-    problem = text != "none" and rate_problem(text)
+    problem = text != NO_RATE and rate_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)
     return text

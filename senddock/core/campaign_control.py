@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from senddock.core.campaigns import OPERATOR_PAUSE, get_campaign, send_rate_text
+from senddock.core.campaign_rate import send_rate_text
+from senddock.core.campaigns import OPERATOR_PAUSE, get_campaign
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState
 from senddock.pacing.rates import campaign_rate_view

@@ -11,10 +11,11 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 
 from senddock.addresses import check_mailbox
+from senddock.core.campaign_rate import send_rate_text
 from senddock.core.lists import get_list
 from senddock.core.queries import query
-from senddock.errors import InvalidInput, InvalidState, NotFound, UsageError
-from senddock.pacing.rates import campaign_rate_text, campaign_rate_view
+from senddock.errors import InvalidInput, InvalidState, NotFound
+from senddock.pacing.rates import campaign_rate_view
 from senddock.wording import is_status
 
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
@@ -119,24 +120,6 @@ class CampaignDraft:
     text_body: str | None = None
     html_body: str | None = None
     send_rate: str | None = None  # stored form, from send_rate_text
-
-
-NO_RATE = "none"  # `--rate none`, `set-rate ID none`: no rate of its own
-
-
-def send_rate_text(rate: str | None, burst: int | None = None, *, option: str = "--rate") -> str | None:
-    """A campaign's rate as stored (`100/min`, `100/min burst 5`), or None for ``rate`` None or
-    ``"none"``; a bad rate or burst is a UsageError naming ``option`` (or --burst) and the form to use."""
-    if rate is None or rate == NO_RATE:
-        if burst is not None:
-            raise UsageError(f"--burst {burst}: a burst needs a rate beside it (give {option} too)")
-        return None
-    if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int) or burst < 1):
-        raise UsageError(f"--burst {burst!r}: not a burst: write a whole number of sends, at least 1")
-    try:
-        return campaign_rate_text(rate, burst)
-    except ValueError as exc:
-        raise UsageError(f"{option}: {exc}") from None
 
 
 def check_draft(conn: psycopg.Connection, draft: CampaignDraft, *,

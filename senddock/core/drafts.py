@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from senddock.core import campaigns
+from senddock.core.campaign_rate import send_rate_text
 from senddock.core.campaigns import Campaign, CampaignDraft, get_campaign
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound, UsageError
@@ -76,7 +77,7 @@ def edit_campaign(conn: psycopg.Connection, campaign_id: int, *, unsubscribe_con
         raise UsageError("campaign edit: nothing to change: give at least one of "
                          "--name, --subject, --from, --reply-to, --text, --html, --list, --rate")
     if "rate" in changes or burst is not None:
-        changes["rate"] = campaigns.send_rate_text(changes.get("rate"), burst)  # refused before the lock
+        changes["rate"] = send_rate_text(changes.get("rate"), burst)  # refused before the lock
     with conn.transaction():
         campaign = _locked(conn, campaign_id)
         if campaign.status != "draft":
