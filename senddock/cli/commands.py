@@ -195,13 +195,15 @@ def _read_body(path: str | None, option: str) -> str | None:
         raise InvalidInput(f"{option} {path}: not UTF-8 text") from None
 
 
+BURST_HELP = "sends that may leave at once after an idle spell (default: one second's worth, at least 1)"
+
+
 def add_rate_options(p: argparse.ArgumentParser, *, none_removes: bool = False) -> None:
     """--rate and --burst, spelled as the config's pacing section spells a rate and its burst."""
     p.add_argument("--rate", type=argtypes.send_rate, metavar="RATE",
                    help="the campaign's own rate, all nodes together: N/s, N/min, N/h or N/day (e.g. 100/min)"
                         + ("; none removes it" if none_removes else ""))
-    p.add_argument("--burst", type=argtypes.burst, metavar="N",
-                   help="sends that may leave at once after an idle spell (default: one second's worth, at least 1)")
+    p.add_argument("--burst", type=argtypes.burst, metavar="N", help=BURST_HELP)
 
 
 def campaign_create(args: argparse.Namespace, out: Output) -> int:

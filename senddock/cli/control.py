@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from senddock.cli import argtypes
-from senddock.cli.commands import open_senddock, rate_words
+from senddock.cli.commands import BURST_HELP, open_senddock, rate_words
 from senddock.cli.output import Output, plural, table
 from senddock.errors import EXIT_OK
 
@@ -34,8 +34,7 @@ def add_commands(camp, command, positive_int, positive_count) -> None:
     p.add_argument("id", type=positive_int, metavar="ID")
     p.add_argument("rate", type=argtypes.send_rate, metavar="RATE",
                    help="N/s, N/min, N/h or N/day (e.g. 100/min), all nodes together; none removes it")
-    p.add_argument("--burst", type=argtypes.burst, metavar="N",
-                   help="sends that may leave at once after an idle spell (default: one second's worth, at least 1)")
+    p.add_argument("--burst", type=argtypes.burst, metavar="N", help=BURST_HELP)
     p = command(camp, "history", campaign_history,
                 "a campaign's status changes, newest first: every pause with its reason, resume, finish")
     p.add_argument("id", type=positive_int, metavar="ID")

@@ -280,7 +280,9 @@ class Queue:
         set-rate` applies on every node from its next claim. A rate that cannot be read (written
         into the table by hand) is logged and left out: it must not stop the node, and the config's
         limits still hold."""
-        rates = {}
+        rates: dict[int, Rate] = {}
+        if not campaign_ids:
+            return rates  # a claim that took nothing: no statement
         for campaign_id, stored in self.conn.execute(query("campaign_rates"), {"campaign_ids": list(campaign_ids)}):
             try:
                 rates[campaign_id] = parse_campaign_rate(stored)

@@ -230,6 +230,7 @@ def test_the_claimer_reads_each_campaigns_rate_afresh(make_config, database_dsn)
     node = NodeIdentity(uuid.uuid4(), "reader", "h", 1)
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         queue = Queue(conn, node)
+        assert queue.campaign_rates([]) == {}
         rates = queue.campaign_rates([with_rate, without, 999])
         assert list(rates) == [with_rate]
         assert (rates[with_rate].text, rates[with_rate].per_second, rates[with_rate].burst) == (
