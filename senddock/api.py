@@ -155,7 +155,12 @@ class Senddock:
         reply_to: str | None = None,
         text_body: str | None = None,
         html_body: str | None = None,
+        rate: str | None = None,
+        burst: int | None = None,
     ) -> int:
+        """A draft campaign; its id. ``rate`` (``100/min``; N/s, N/min, N/h or N/day) with its
+        optional ``burst``: the campaign's own limit, beside the config's pacing; a bad one raises
+        UsageError and nothing is created."""
         with self._conn() as conn:
             return campaigns.create_campaign(
                 conn,
@@ -166,6 +171,8 @@ class Senddock:
                 reply_to=reply_to,
                 text_body=text_body,
                 html_body=html_body,
+                rate=rate,
+                burst=burst,
                 unsubscribe_configured=self._unsubscribe_configured(),
             )
 
@@ -176,14 +183,15 @@ class Senddock:
 
     def edit_campaign(self, campaign_id: int, **changes: Any) -> drafts.Edited:
         """Change a draft: any of ``name``, ``subject``, ``from``, ``reply_to`` ("" removes it), ``text``,
-        ``html``, ``lists``; the result is checked exactly as :meth:`create_campaign` checks its content.
+        ``html``, ``lists``, ``rate`` ("none" removes it) with ``burst``; the result is checked exactly as
+        :meth:`create_campaign` checks its content.
         A campaign that was sent or scheduled raises InvalidState (clone it instead)."""
         with self._conn() as conn:
             return drafts.edit_campaign(conn, campaign_id, unsubscribe_configured=self._unsubscribe_configured(),
                                         **changes)
 
     def clone_campaign(self, campaign_id: int, *, name: str | None = None) -> int:
-        """A new draft with the campaign's content and lists (any state); returns its id."""
+        """A new draft with the campaign's content, rate and lists (any state); returns its id."""
         with self._conn() as conn:
             return drafts.clone_campaign(conn, campaign_id, name)
 
@@ -265,6 +273,13 @@ class Senddock:
         suppressed); returns how many."""
         with self._conn() as conn:
             return campaign_control.requeue_campaign(conn, campaign_id, reason)
+
+    def set_campaign_rate(self, campaign_id: int, rate: str, *, burst: int | None = None) -> campaign_control.RateSet:
+        """Give the campaign its own rate (``100/min``, with an optional ``burst``) or none (``"none"``):
+        a draft, scheduled, sending or paused one (a finished or cancelled one raises InvalidState).
+        Every node applies it from its next claim; a bad rate raises UsageError."""
+        with self._conn() as conn:
+            return campaign_control.set_campaign_rate(conn, campaign_id, rate, burst)
 
     @property
     def composer(self) -> Composer:

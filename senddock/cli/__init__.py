@@ -142,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reply-to", metavar="ADDR")
     p.add_argument("--text", metavar="FILE", help="plain-text body")
     p.add_argument("--html", metavar="FILE", help="HTML body")
+    commands.add_rate_options(p)
     command(camp, "ls", commands.campaign_ls, "list campaigns")
     p = command(camp, "send", commands.campaign_send, "enqueue the campaign's broadcast")
     p.add_argument("id", type=_positive_int, metavar="ID")

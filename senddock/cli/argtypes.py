@@ -38,3 +38,18 @@ def node_name(text: str) -> str:
 
 def refresh_interval(text: str) -> float:
     return _bounded(text, 0.05, 3600, "a refresh interval in seconds (0.05 to 3600)", whole=False)
+
+
+def send_rate(text: str) -> str:
+    """`--rate 100/min`: refused here, before any database work, with the form to use."""
+    from senddock.core.campaign_rate import NO_RATE
+    from senddock.pacing.rates import rate_problem
+
+    problem = text != NO_RATE and rate_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def burst(text: str) -> int:
+    return _bounded(text, 1, 1_000_000_000, "a burst (a whole number of sends, 1 or more)")

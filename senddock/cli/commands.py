@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from senddock.cli import argtypes
 from senddock.cli.output import Output, plural, table
 from senddock.cli.status_lines import probe_line, warning_line
 from senddock.config import Config, find_config_path, load_config
@@ -194,6 +195,17 @@ def _read_body(path: str | None, option: str) -> str | None:
         raise InvalidInput(f"{option} {path}: not UTF-8 text") from None
 
 
+BURST_HELP = "sends that may leave at once after an idle spell (default: one second's worth, at least 1)"
+
+
+def add_rate_options(p: argparse.ArgumentParser, *, none_removes: bool = False) -> None:
+    """--rate and --burst, spelled as the config's pacing section spells a rate and its burst."""
+    p.add_argument("--rate", type=argtypes.send_rate, metavar="RATE",
+                   help="the campaign's own rate, all nodes together: N/s, N/min, N/h or N/day (e.g. 100/min)"
+                        + ("; none removes it" if none_removes else ""))
+    p.add_argument("--burst", type=argtypes.burst, metavar="N", help=BURST_HELP)
+
+
 def campaign_create(args: argparse.Namespace, out: Output) -> int:
     text_body = _read_body(args.text, "--text")
     html_body = _read_body(args.html, "--html")
@@ -206,22 +218,39 @@ def campaign_create(args: argparse.Namespace, out: Output) -> int:
             reply_to=args.reply_to,
             text_body=text_body,
             html_body=html_body,
+            rate=args.rate,
+            burst=args.burst,
         )
     out.result({"id": campaign_id}, str(campaign_id))
     return EXIT_OK
 
 
 def campaign_ls(args: argparse.Namespace, out: Output) -> int:
+    from dataclasses import asdict
+
+    from senddock.pacing.rates import campaign_rate_view
+
     with open_senddock(args) as sd:
         found = sd.campaigns()
+    # `rate` as `campaign status` shows it ({"rate", "burst"}), not the stored text.
+    listed = [{**{k: v for k, v in asdict(c).items() if k != "send_rate"}, "rate": campaign_rate_view(c.send_rate)}
+              for c in found]
     out.result(
-        {"campaigns": found},
+        {"campaigns": listed},
         lambda: table(
-            ["id", "name", "status", "lists", "broadcast", "recipients", "send at", "created"],
-            [[c.id, c.name, c.status, c.lists, c.broadcast_id, c.enqueued, c.send_at, c.created_at] for c in found],
+            ["id", "name", "status", "lists", "broadcast", "recipients", "rate", "send at", "created"],
+            [[c.id, c.name, c.status, c.lists, c.broadcast_id, c.enqueued, c.send_rate, c.send_at, c.created_at]
+             for c in found],
         ) if found else "no campaigns yet",
     )
     return EXIT_OK
+
+
+def rate_words(rate: dict | None) -> str:
+    """``100/min (burst 1)`` or ``none of its own``, from the ``{"rate", "burst"}`` of `--json`."""
+    if rate is None:
+        return "none of its own"
+    return rate["rate"] if rate["burst"] is None else f"{rate['rate']} (burst {rate['burst']})"
 
 
 def campaign_send(args: argparse.Namespace, out: Output) -> int:
@@ -254,6 +283,8 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
     def human() -> str:
         lines = [f"campaign {status.campaign_id}: {status.status}"
                  + (f" ({status.paused_reason})" if status.paused_reason else "")]
+        if status.rate is not None:
+            lines.append(f"rate: {rate_words(status.rate)}, all nodes together")
         if status.warning:
             lines.append(warning_line(status))
         if status.auto_resume:

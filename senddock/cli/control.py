@@ -1,10 +1,11 @@
-"""Controlling a campaign in flight: pause, resume, requeue, cancel, unsuppress; its history."""
+"""Controlling a campaign in flight: pause, resume, requeue, cancel, unsuppress, its rate; its history."""
 
 from __future__ import annotations
 
 import argparse
 
-from senddock.cli.commands import open_senddock
+from senddock.cli import argtypes
+from senddock.cli.commands import BURST_HELP, open_senddock, rate_words
 from senddock.cli.output import Output, plural, table
 from senddock.errors import EXIT_OK
 
@@ -28,6 +29,12 @@ def add_commands(camp, command, positive_int, positive_count) -> None:
     which.add_argument("--since-pause", action="store_true",
                        help="those of the results that tripped its bounce-rate breaker, and after")
     which.add_argument("--all", action="store_true", help="every suppression its bounces made")
+    p = command(camp, "set-rate", campaign_set_rate,
+                "give a campaign its own rate, or none; on a sending one every node applies it from its next claim")
+    p.add_argument("id", type=positive_int, metavar="ID")
+    p.add_argument("rate", type=argtypes.send_rate, metavar="RATE",
+                   help="N/s, N/min, N/h or N/day (e.g. 100/min), all nodes together; none removes it")
+    p.add_argument("--burst", type=argtypes.burst, metavar="N", help=BURST_HELP)
     p = command(camp, "history", campaign_history,
                 "a campaign's status changes, newest first: every pause with its reason, resume, finish")
     p.add_argument("id", type=positive_int, metavar="ID")
@@ -81,6 +88,21 @@ def campaign_unsuppress(args: argparse.Namespace, out: Output) -> int:
         what = (f"{plural(done.unsuppressed, 'address', 'addresses')} unsuppressed, "
                 f"{plural(done.requeued, 'job')} back in line" + ("; `campaign resume` sends them" if paused else ""))
         return _status_line(sd, args.id, what, out)
+
+
+# When a new rate starts to count, by the campaign's status.
+_APPLIES = {"sending": "every node applies it from its next claim", "paused": "it applies once resumed",
+            "scheduled": "it applies from its send time", "draft": "it applies once sent"}
+
+
+def campaign_set_rate(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        done = sd.set_campaign_rate(args.id, args.rate, burst=args.burst)
+    shown = done.as_dict()
+    now = (f"rate {rate_words(shown['rate'])}" if done.rate else "no rate of its own (the config's pacing still holds)")
+    out.result(shown, f"campaign {args.id} ({done.status}): {now}, was {rate_words(shown['previous_rate'])}; "
+                      f"{_APPLIES[done.status]}")
+    return EXIT_OK
 
 
 def campaign_history(args: argparse.Namespace, out: Output) -> int:

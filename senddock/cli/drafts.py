@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from senddock.cli.commands import _read_body, open_senddock
+from senddock.cli.commands import _read_body, add_rate_options, open_senddock
 from senddock.cli.output import Output, plural
 from senddock.errors import EXIT_OK
 
@@ -25,8 +25,9 @@ def add_commands(camp, command, positive_int) -> None:
     p.add_argument("--html", metavar="FILE", help="HTML body")
     p.add_argument("--list", action="append", metavar="NAME",
                    help="target list (repeatable): the given lists replace the campaign's")
+    add_rate_options(p, none_removes=True)
     p = command(camp, "clone", campaign_clone,
-                "a new draft with a campaign's content and lists (any campaign, a sent one too); prints its id")
+                "a new draft with a campaign's content, rate and lists (any campaign, a sent one too); prints its id")
     p.add_argument("id", type=positive_int, metavar="ID")
     p.add_argument("--name", help="the copy's name (default: NAME (copy))")
     p = command(camp, "delete", campaign_delete,
@@ -39,7 +40,8 @@ def add_commands(camp, command, positive_int) -> None:
 
 def campaign_edit(args: argparse.Namespace, out: Output) -> int:
     given = {"name": args.name, "subject": args.subject, "from": args.from_addr, "reply_to": args.reply_to,
-             "text": _read_body(args.text, "--text"), "html": _read_body(args.html, "--html"), "lists": args.list}
+             "text": _read_body(args.text, "--text"), "html": _read_body(args.html, "--html"), "lists": args.list,
+             "rate": args.rate, "burst": args.burst}
     changes = {k: v for k, v in given.items() if v is not None}
     with open_senddock(args) as sd:
         edited = sd.edit_campaign(args.id, **changes)
@@ -59,6 +61,8 @@ def _edit_lines(edited: Edited) -> str:
             lines.append(f"  {key}: {_size(old)} -> {_size(new)}")
         elif key == "lists":
             lines.append(f"  lists: {', '.join(old) or '-'} -> {', '.join(new)}")
+        elif key == "rate":
+            lines.append(f"  rate: {old or 'none'} -> {new or 'none'}")
         else:
             lines.append(f"  {key.replace('_', '-')}: {_value(old)} -> {_value(new)}")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
-"""A campaign in flight: pause, resume, cancel, requeue, unsuppress; its status history and its
-delivery log. (Creating, checking, sending and counting a campaign are in campaigns.py.)"""
+"""A campaign in flight: pause, resume, cancel, requeue, unsuppress, its rate; its status history
+and its delivery log. (Creating, checking, sending and counting a campaign are in campaigns.py.)"""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
+from senddock.core.campaign_rate import send_rate_text
 from senddock.core.campaigns import OPERATOR_PAUSE, get_campaign
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState
+from senddock.pacing.rates import campaign_rate_view
 from senddock.wording import is_status
 
 # Failure reasons about the address itself: requeueing them would mail someone who must not be.
@@ -141,3 +143,32 @@ def delivery_log(conn: psycopg.Connection, campaign_id: int, *, email: str | Non
     params = {"broadcast_id": broadcast_id, "email": email, "outcome": outcome, "in_doubt": in_doubt}
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("delivery_log"), params).fetchall()
+
+
+@dataclass(frozen=True)
+class RateSet:
+    """A campaign's own rate changed (`campaign set-rate`): stored forms, None for none."""
+
+    campaign_id: int
+    status: str
+    rate: str | None
+    previous_rate: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """As `--json` shows it: each rate as the config spells one, ``{"rate": "100/min", "burst": 1}``."""
+        return {"campaign_id": self.campaign_id, "status": self.status, "rate": campaign_rate_view(self.rate),
+                "previous_rate": campaign_rate_view(self.previous_rate)}
+
+
+def set_campaign_rate(conn: psycopg.Connection, campaign_id: int, rate: str, burst: int | None = None) -> RateSet:
+    """Give the campaign its own rate (``100/min``, with ``burst``), or none (``rate="none"``): any
+    campaign with sends still to come. Every node applies it from its next claim (the claim reads it with each job)."""
+    send_rate = send_rate_text(rate, burst, option="RATE")
+    row = conn.execute(query("campaign_set_rate"), {"campaign_id": campaign_id, "send_rate": send_rate}).fetchone()
+    if row is None:
+        status = get_campaign(conn, campaign_id).status  # NotFound for an unknown id
+        raise InvalidState(f"campaign {campaign_id} {is_status(status)}: nothing more of it is sent, so its rate "
+                           "cannot change (only a draft, scheduled, sending or paused campaign's can); "
+                           f"`senddock campaign clone {campaign_id}` makes a draft with its rate")
+    return RateSet(campaign_id, status=row[0], rate=send_rate, previous_rate=row[1])
+

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
+from senddock.core.campaign_rate import send_rate_text
 from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
 from senddock.mail.addresses import check_mailbox
+from senddock.pacing.rates import campaign_rate_view
 from senddock.wording import is_status
 
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
@@ -44,6 +46,7 @@ class Campaign:
     probes: int
     probe_result: str | None
     bounce_window_from: int | None
+    send_rate: str | None  # its own rate as stored: `100/min`, `100/min burst 5` (send_rate_text)
     lists: list[str]
 
 
@@ -59,6 +62,7 @@ class CampaignSummary:
     started_at: datetime | None
     finished_at: datetime | None
     enqueued: int | None
+    send_rate: str | None
     lists: list[str]
 
 
@@ -80,6 +84,8 @@ class CampaignStatus:
     status: str
     paused_reason: str | None
     broadcast_id: int | None
+    # Its own rate, as the config spells one: {"rate": "100/min", "burst": 1}; None: only the config's pacing.
+    rate: dict[str, Any] | None = None
     # A pause for relay trouble resumes by itself: when the next probe is due, how many failed, the last answer.
     auto_resume: bool = False
     next_probe_at: datetime | None = None
@@ -113,6 +119,7 @@ class CampaignDraft:
     reply_to: str | None = None
     text_body: str | None = None
     html_body: str | None = None
+    send_rate: str | None = None  # stored form, from send_rate_text
 
 
 def check_draft(conn: psycopg.Connection, draft: CampaignDraft, *,
@@ -147,13 +154,18 @@ def create_campaign(
     reply_to: str | None = None,
     text_body: str | None = None,
     html_body: str | None = None,
+    rate: str | None = None,
+    burst: int | None = None,
     unsubscribe_configured: bool = False,
 ) -> int:
-    """``unsubscribe_configured``: the config has an unsubscribe link to offer (see check_content)."""
+    """``unsubscribe_configured``: the config has an unsubscribe link to offer (see check_content).
+    ``rate`` (``100/min``) with its ``burst``: the campaign's own limit (see send_rate_text)."""
+    send_rate = send_rate_text(rate, burst)  # before anything is written: a bad rate creates nothing
     with conn.transaction():
         draft, list_ids = check_draft(conn, CampaignDraft(
             name=name, lists=tuple(lists), subject=subject, from_addr=from_addr, reply_to=reply_to,
-            text_body=text_body, html_body=html_body), unsubscribe_configured=unsubscribe_configured)
+            text_body=text_body, html_body=html_body, send_rate=send_rate),
+            unsubscribe_configured=unsubscribe_configured)
         campaign_id = conn.execute(
             query("campaign_create"),
             {
@@ -163,6 +175,7 @@ def create_campaign(
                 "reply_to": draft.reply_to,
                 "text_body": draft.text_body,
                 "html_body": draft.html_body,
+                "send_rate": draft.send_rate,
             },
         ).fetchone()[0]
         for list_id in list_ids:
@@ -328,6 +341,7 @@ def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatu
         "status": campaign.status,
         "paused_reason": campaign.paused_reason,
         "broadcast_id": campaign.broadcast_id,
+        "rate": campaign_rate_view(campaign.send_rate),
     }
     if campaign.status == "paused":
         base.update(paused_at=campaign.paused_at, warning=pause_warning(campaign))

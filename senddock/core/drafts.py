@@ -14,15 +14,17 @@ import psycopg
 from psycopg.rows import dict_row
 
 from senddock.core import campaigns
+from senddock.core.campaign_rate import send_rate_text
 from senddock.core.campaigns import Campaign, CampaignDraft, get_campaign
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound, UsageError
 from senddock.wording import is_status, plural
 
-# What `campaign edit` can change, by the name its option and its JSON report use.
-EDITABLE = ("name", "subject", "from", "reply_to", "text", "html", "lists")
+# What `campaign edit` can change, by the name its option and its JSON report use (`burst` goes
+# with `rate`: it is part of the rate, never a change of its own).
+EDITABLE = ("name", "subject", "from", "reply_to", "text", "html", "lists", "rate")
 _DRAFT_FIELD = {"name": "name", "subject": "subject", "from": "from_addr", "reply_to": "reply_to",
-                "text": "text_body", "html": "html_body", "lists": "lists"}
+                "text": "text_body", "html": "html_body", "lists": "lists", "rate": "send_rate"}
 
 
 @dataclass(frozen=True)
@@ -59,20 +61,23 @@ def _locked(conn: psycopg.Connection, campaign_id: int) -> Campaign:
 def _draft_of(campaign: Campaign) -> CampaignDraft:
     return CampaignDraft(name=campaign.name, lists=tuple(campaign.lists), subject=campaign.subject,
                          from_addr=campaign.from_addr, reply_to=campaign.reply_to,
-                         text_body=campaign.text_body, html_body=campaign.html_body)
+                         text_body=campaign.text_body, html_body=campaign.html_body, send_rate=campaign.send_rate)
 
 
 def edit_campaign(conn: psycopg.Connection, campaign_id: int, *, unsubscribe_configured: bool = False,
-                  **changes: str | Sequence[str] | None) -> Edited:
-    """Change a draft's content (keys of EDITABLE; ``reply_to=""`` removes the Reply-To). The
-    content as it would be after the edit goes through the same checks as `campaign create`
-    (``unsubscribe_configured``: whether templates may use ``unsubscribe_url``)."""
+                  burst: int | None = None, **changes: str | Sequence[str] | None) -> Edited:
+    """Change a draft's content (keys of EDITABLE; ``reply_to=""`` removes the Reply-To,
+    ``rate="none"`` its own rate; ``burst`` goes with ``rate``). The content as it would be after
+    the edit goes through the same checks as `campaign create` (``unsubscribe_configured``: whether
+    templates may use ``unsubscribe_url``)."""
     unknown = set(changes) - set(EDITABLE)
     if unknown:
         raise TypeError(f"edit_campaign: cannot change {', '.join(sorted(unknown))}")
-    if not changes:
+    if not changes and burst is None:
         raise UsageError("campaign edit: nothing to change: give at least one of "
-                         "--name, --subject, --from, --reply-to, --text, --html, --list")
+                         "--name, --subject, --from, --reply-to, --text, --html, --list, --rate")
+    if "rate" in changes or burst is not None:
+        changes["rate"] = send_rate_text(changes.get("rate"), burst)  # refused before the lock
     with conn.transaction():
         campaign = _locked(conn, campaign_id)
         if campaign.status != "draft":
@@ -89,7 +94,7 @@ def edit_campaign(conn: psycopg.Connection, campaign_id: int, *, unsubscribe_con
             conn.execute(query("campaign_update_content"), {
                 "campaign_id": campaign_id, "name": after.name, "subject": after.subject,
                 "from_addr": after.from_addr, "reply_to": after.reply_to, "text_body": after.text_body,
-                "html_body": after.html_body,
+                "html_body": after.html_body, "send_rate": after.send_rate,
             })
         if "lists" in changed:
             conn.execute(query("campaign_lists_clear"), {"campaign_id": campaign_id})
@@ -111,7 +116,7 @@ def _not_editable(campaign: Campaign) -> str:
 
 
 def clone_campaign(conn: psycopg.Connection, campaign_id: int, name: str | None = None) -> int:
-    """A new draft with the content and lists of campaign ``campaign_id`` (any state); its id."""
+    """A new draft with the content, rate and lists of campaign ``campaign_id`` (any state); its id."""
     if name is not None and not name.strip():
         raise InvalidInput("--name: a campaign needs a name")
     with conn.transaction():

@@ -22,21 +22,22 @@ import structlog
 from senddock.core.pacer import Pacer
 from senddock.core.queue import ClaimedJob, Queue
 from senddock.pacing.limits import Limit, PacingSettings, limits_for
-from senddock.pacing.rates import Rate, parse_rate
+from senddock.pacing.rates import Rate, parse_campaign_rate
 
 log = structlog.get_logger(__name__)
 
 
-def campaign_rate(text: str | None) -> Rate | None:
-    """A campaign's stored rate: ``100/min`` or ``100/min burst 10``; None when it has none (or
-    it cannot be read: a rate is checked when it is set, and pacing must not stop a node)."""
-    if not text:
+def campaign_rate(stored: str | None) -> Rate | None:
+    """A campaign's stored rate (``100/min`` or ``100/min burst 10``, as the claim returns it with
+    each job, so `campaign set-rate` applies from every node's next claim); None when it has none,
+    or when it cannot be read (written into the table by hand): logged, and the config's limits
+    still hold; pacing must not stop a node."""
+    if not stored:
         return None
-    rate, _, burst = text.partition(" burst ")
     try:
-        return parse_rate(rate.strip(), int(burst) if burst else None)
-    except ValueError:
-        log.error("campaign_rate_unreadable", rate=text)
+        return parse_campaign_rate(stored)
+    except ValueError as exc:
+        log.warning("campaign_rate_unreadable", error=str(exc))
         return None
 
 

@@ -16,6 +16,7 @@ from senddock.core.nodes import LOCK_CLASS, NodeIdentity
 from senddock.core.queries import query
 
 
+
 @dataclass(frozen=True)
 class ClaimedJob:
     id: int

@@ -68,3 +68,50 @@ def parse_rate(text: str, burst: int | None = None) -> Rate:
     count, unit = text.split("/")
     per_second = float(count) / _UNITS[unit]
     return Rate(per_second=per_second, burst=default_burst(per_second) if burst is None else burst, text=text)
+
+
+# -- a campaign's own rate, stored as one text (campaigns.send_rate) ----------------------------------
+#
+# `campaign create --rate 100/min [--burst 5]`: the rate and its burst as the config spells them
+# (`{rate: 100/min, burst: 5}`), kept in one column as `100/min` or `100/min burst 5`, the number
+# written the shortest way (`0100/min`, `100.0/min` are `100/min`): one spelling per rate.
+_STORED = re.compile(r"^(?P<rate>\S+)(?: burst (?P<burst>\d+))?$")
+
+
+def campaign_rate_text(text: str, burst: int | None = None) -> str:
+    """The stored form of ``text`` with ``burst`` (None: the default); raises ValueError saying
+    what is wrong, as :func:`parse_rate` does."""
+    rate = parse_rate(text, burst)  # refuses what is not a rate, or not a burst
+    count, unit = rate.text.split("/")
+    normal = f"{_shortest(count)}/{unit}"
+    return normal if burst is None else f"{normal} burst {burst}"
+
+
+def parse_campaign_rate(stored: str) -> Rate:
+    """The Rate a campaign's stored ``send_rate`` stands for (``100/min`` or ``100/min burst 5``);
+    raises ValueError for a text that is neither (one written into the table by hand)."""
+    found = _STORED.fullmatch(stored)
+    if found is None:
+        raise ValueError(f"{stored!r} is not a campaign rate: write N/s, N/min, N/h or N/day, then "
+                         "optionally ' burst N'")
+    burst = found["burst"]
+    return parse_rate(found["rate"], None if burst is None else int(burst))
+
+
+def _shortest(count: str) -> str:
+    """``0100`` → ``100``, ``2.50`` → ``2.5``, ``3.0`` → ``3``."""
+    from decimal import Decimal
+
+    return format(Decimal(count).normalize(), "f")
+
+
+def campaign_rate_view(stored: str | None) -> dict[str, object] | None:
+    """A stored campaign rate as `--json` shows it: ``{"rate": "100/min", "burst": 1}``, the
+    config's spelling, the burst filled in when it is the default; None for no rate of its own."""
+    if stored is None:
+        return None
+    try:
+        rate = parse_campaign_rate(stored)
+    except ValueError:
+        return {"rate": stored, "burst": None}  # written by hand: shown as it is, never a traceback
+    return {"rate": rate.text, "burst": rate.burst}

@@ -64,7 +64,7 @@ def test_the_whole_flow_in_json(cli, config_file: Path, tmp_path: Path):
     assert (sent.json["campaign_id"], sent.json["enqueued"], sent.json["skipped"]) == (campaign_id, 4, 0)
     status = cli("campaign", "status", campaign_id, "-c", config_file, "--json")
     assert status.exit_code == 0
-    assert set(status.json) == {"campaign_id", "status", "paused_reason", "broadcast_id", "total", "pending",
+    assert set(status.json) == {"campaign_id", "status", "paused_reason", "broadcast_id", "rate", "total", "pending",
                                 "sending", "retry", "sent", "failed", "bounced", "skipped", "failed_by_reason",
                                 "auto_resume", "next_probe_at", "probes_failed", "last_probe", "paused_at",
                                 "warning"}

@@ -13,6 +13,9 @@ import pytest
     (["sink", "--port", "99999"], "argument --port: '99999' is not a TCP port"),
     (["serve", "--port", "-1"], "argument --port: '-1' is not a TCP port"),
     (["campaign", "status", "1", "--watch", "--interval", "0"], "argument --interval: '0' is not a refresh interval"),
+    (["campaign", "set-rate", "1", "20 per second"], "argument RATE: '20 per second' is not a rate: write N/s"),
+    (["campaign", "create", "--name", "x", "--list", "l", "--subject", "s", "--from", "a@example.com",
+      "--rate", "0/s"], "argument --rate: '0/s' is not a rate: N must be more than 0"),
 ])
 def test_a_bad_option_value_is_a_usage_error(run_senddock, argv, message):
     result = run_senddock(*argv, db=False)

@@ -9,7 +9,14 @@ import pytest
 from senddock.config import base_schema, load_config
 from senddock.errors import ConfigError
 from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for, recipient_domain
-from senddock.pacing.rates import RATE_PATTERN, Rate, parse_rate
+from senddock.pacing.rates import (
+    RATE_PATTERN,
+    Rate,
+    campaign_rate_text,
+    campaign_rate_view,
+    parse_campaign_rate,
+    parse_rate,
+)
 
 ISSUE_EXAMPLE = """\
 pacing:
@@ -79,6 +86,33 @@ def test_what_is_not_a_rate_is_told_how_to_write_one(text: str, message: str):
 def test_a_burst_is_a_whole_number_of_sends(burst):
     with pytest.raises(ValueError, match="is not a burst: write a whole number of sends, at least 1"):
         parse_rate("20/s", burst=burst)
+
+
+@pytest.mark.parametrize(("text", "burst", "stored"), [
+    ("100/min", None, "100/min"),
+    ("0100/min", None, "100/min"),  # one spelling per rate: the number written the shortest way
+    ("100.0/min", None, "100/min"),
+    ("2.50/s", None, "2.5/s"),
+    ("0.5/s", 3, "0.5/s burst 3"),
+    ("100000/day", 1, "100000/day burst 1"),  # a burst given stays, even the default one
+])
+def test_a_campaign_rate_is_stored_as_one_text_and_read_back(text, burst, stored):
+    assert campaign_rate_text(text, burst) == stored
+    rate = parse_campaign_rate(stored)
+    assert rate == parse_rate(stored.split()[0], burst)
+    assert campaign_rate_view(stored) == {"rate": stored.split()[0], "burst": rate.burst}
+
+
+def test_a_campaign_rate_is_refused_as_a_config_rate_is():
+    with pytest.raises(ValueError, match="'20 per second' is not a rate: write N/s"):
+        campaign_rate_text("20 per second")
+    with pytest.raises(ValueError, match="0 is not a burst"):
+        campaign_rate_text("20/s", 0)
+    for stored in ("fast", "20/s burst", "20/s burst 0", "20/s  burst 2", "20/s bursts 2"):
+        with pytest.raises(ValueError):
+            parse_campaign_rate(stored)
+    assert campaign_rate_view(None) is None
+    assert campaign_rate_view("fast") == {"rate": "fast", "burst": None}  # hand-written: shown, never a traceback
 
 
 def test_the_schema_and_the_parser_take_the_same_rates():

@@ -95,8 +95,8 @@ SELECT count(*) FILTER (WHERE r.outcome = 'imported') AS imported,
   LEFT JOIN joined j ON j.subscriber_id = s.id;
 
 -- name: campaign_create
-INSERT INTO campaigns (name, subject, from_addr, reply_to, text_body, html_body)
-VALUES (%(name)s, %(subject)s, %(from_addr)s, %(reply_to)s, %(text_body)s, %(html_body)s)
+INSERT INTO campaigns (name, subject, from_addr, reply_to, text_body, html_body, send_rate)
+VALUES (%(name)s, %(subject)s, %(from_addr)s, %(reply_to)s, %(text_body)s, %(html_body)s, %(send_rate)s)
 RETURNING id;
 
 -- name: campaign_add_list
@@ -107,7 +107,7 @@ ON CONFLICT DO NOTHING;
 SELECT c.id, c.name, c.subject, c.from_addr, c.reply_to, c.text_body, c.html_body, c.status,
        c.paused_reason, c.broadcast_id, c.send_at, c.created_at, c.started_at, c.finished_at,
        c.paused_at, c.auto_resume, c.probe_at, c.probes, c.probe_result, c.bounce_window_from,
-       coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists
+       c.send_rate, coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists
 FROM campaigns c
 LEFT JOIN campaign_lists cl ON cl.campaign_id = c.id
 LEFT JOIN lists l ON l.id = cl.list_id
@@ -124,7 +124,7 @@ LIMIT %(limit)s;
 
 -- name: campaign_all
 SELECT c.id, c.name, c.subject, c.status, c.broadcast_id, c.send_at, c.created_at, c.started_at,
-       c.finished_at, b.enqueued,
+       c.finished_at, b.enqueued, c.send_rate,
        coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists
 FROM campaigns c
 LEFT JOIN broadcasts b ON b.id = c.broadcast_id
@@ -141,20 +141,31 @@ SELECT id, status, broadcast_id FROM campaigns WHERE id = %(campaign_id)s FOR UP
 -- `campaign send` either sent it before, and this changes nothing, or waits for this to commit).
 UPDATE campaigns
    SET name = %(name)s, subject = %(subject)s, from_addr = %(from_addr)s, reply_to = %(reply_to)s,
-       text_body = %(text_body)s, html_body = %(html_body)s, updated_at = now()
+       text_body = %(text_body)s, html_body = %(html_body)s, send_rate = %(send_rate)s, updated_at = now()
  WHERE id = %(campaign_id)s AND status = 'draft'
 RETURNING id;
+
+-- name: campaign_set_rate
+-- `campaign set-rate`: any campaign with sends still to come (a draft, scheduled, sending or
+-- paused). Not a status change: campaign_events does not record it. The old value is read under
+-- the row lock, so two set-rates at once each report the rate they replaced.
+UPDATE campaigns c SET send_rate = %(send_rate)s, updated_at = now()
+  FROM (SELECT id, send_rate FROM campaigns WHERE id = %(campaign_id)s FOR UPDATE) before
+ WHERE c.id = before.id AND c.status NOT IN ('finished', 'cancelled')
+RETURNING c.status, before.send_rate AS before;
 
 -- name: campaign_lists_clear
 DELETE FROM campaign_lists WHERE campaign_id = %(campaign_id)s;
 
 -- name: campaign_clone
--- A new draft with the content and lists of any campaign (a sent one too: to send a fixed version).
+-- A new draft with the content, rate and lists of any campaign (a sent one too: to send a fixed version).
 WITH source AS (
-    SELECT id, name, subject, from_addr, reply_to, text_body, html_body FROM campaigns WHERE id = %(campaign_id)s
+    SELECT id, name, subject, from_addr, reply_to, text_body, html_body, send_rate
+    FROM campaigns WHERE id = %(campaign_id)s
 ), created AS (
-    INSERT INTO campaigns (name, subject, from_addr, reply_to, text_body, html_body)
-    SELECT coalesce(%(name)s, name || ' (copy)'), subject, from_addr, reply_to, text_body, html_body FROM source
+    INSERT INTO campaigns (name, subject, from_addr, reply_to, text_body, html_body, send_rate)
+    SELECT coalesce(%(name)s, name || ' (copy)'), subject, from_addr, reply_to, text_body, html_body, send_rate
+    FROM source
     RETURNING id
 ), linked AS (
     INSERT INTO campaign_lists (campaign_id, list_id)
