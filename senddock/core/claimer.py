@@ -137,6 +137,11 @@ class Claimer(threading.Thread):
             if not jobs or (unmarked and not begun):
                 self._wait_for_work(self._wait())
 
+    @property
+    def holding(self) -> bool:
+        """Jobs held back by a limit are due later (see PacingGate.holding)."""
+        return self._gate.holding
+
     def _wait(self) -> float:
         """Until new work may be due: the poll interval, or sooner when a held-back job falls due."""
         due = self._gate.next_due

@@ -48,12 +48,18 @@ class PacingGate:
         # Per set of limits: the latest due time this node gave a held-back job.
         self._booked: dict[tuple[str, ...], datetime] = {}
         self.next_due: float | None = None  # monotonic time the earliest held-back job falls due
+        self._holding_until = 0.0  # monotonic time the last job this node held back falls due
 
     @property
     def configured(self) -> bool:
         """Whether the config limits anything (campaign rates aside): then no claim marks begun."""
         p = self._pacing
         return p.global_rate is not None or bool(p.transports) or any(g.rate for g in p.domains)
+
+    @property
+    def holding(self) -> bool:
+        """Jobs this node held back are not due yet: a node told to exit when idle waits for them."""
+        return time.monotonic() < self._holding_until
 
     def limits(self, job: ClaimedJob) -> tuple[Limit, ...]:
         return limits_for(self._pacing, transport=self._transport, domain=job.domain,
@@ -91,5 +97,6 @@ class PacingGate:
         dues = [(job, start + i * step) for i, job in enumerate(jobs)]
         self._booked[key] = dues[-1][1]
         first = time.monotonic() + max(0.0, (start - now).total_seconds())
+        self._holding_until = max(self._holding_until, time.monotonic() + (dues[-1][1] - now).total_seconds())
         self.next_due = first if self.next_due is None or self.next_due < time.monotonic() else min(self.next_due, first)
         return dues
