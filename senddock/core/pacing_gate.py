@@ -15,16 +15,19 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import structlog
 
 from senddock.core.pacer import Pacer
 from senddock.core.queue import ClaimedJob, Queue
-from senddock.pacing.limits import Limit, PacingSettings, limits_for
+from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for
 from senddock.pacing.rates import Rate, parse_campaign_rate
 
 log = structlog.get_logger(__name__)
+
+# Seconds until a job held back by its domain group's concurrency is due again.
+CONCURRENCY_RETRY = 0.2
 
 
 def campaign_rate(stored: str | None) -> Rate | None:
@@ -54,7 +57,8 @@ class PacingGate:
     def configured(self) -> bool:
         """Whether the config limits anything (campaign rates aside): then no claim marks begun."""
         p = self._pacing
-        return p.global_rate is not None or bool(p.transports) or any(g.rate for g in p.domains)
+        return (p.global_rate is not None or bool(p.transports)
+                or any(g.rate or g.concurrency for g in p.domains))
 
     @property
     def holding(self) -> bool:
@@ -67,35 +71,82 @@ class PacingGate:
 
     def admit(self, queue: Queue, token: uuid.UUID, jobs: Sequence[ClaimedJob]) -> list[ClaimedJob]:
         """Take the limits for ``jobs`` (claimed unmarked under ``token``); mark the admitted ones
-        begun, put the others back due when their limits have room. Returns the jobs marked begun."""
+        begun, put the others back due when their limits have room. Returns the jobs marked begun.
+
+        With a domain group's ``concurrency``, counting its sends in flight (all nodes), taking
+        the rates and marking the admitted ones begun are one transaction under that group's lock,
+        so two nodes never fill the same room."""
         groups: dict[tuple[Limit, ...], list[ClaimedJob]] = defaultdict(list)
         for job in jobs:
             groups[self.limits(job)].append(job)
+        capped = sorted({g.name for g in map(self._group, jobs) if g is not None and g.concurrency})
+        if not capped:
+            return self._admit(queue, token, groups, {})
+        with queue.conn.transaction():
+            queue.lock_concurrency([f"concurrency:{name}" for name in capped])
+            room: dict[str, int] = {}
+            for group in self._pacing.domains:
+                if group.name in capped:
+                    room[group.name] = group.concurrency
+            for domain, count in queue.in_flight_by_domain().items():
+                group = self._pacing.group_for(domain)
+                if group is not None and group.name in room:
+                    room[group.name] -= count
+            return self._admit(queue, token, groups, room)
+
+    def _group(self, job: ClaimedJob) -> DomainGroup | None:
+        return self._pacing.group_for(job.domain)
+
+    def _admit(self, queue: Queue, token: uuid.UUID, groups: dict[tuple[Limit, ...], list[ClaimedJob]],
+               room: dict[str, int]) -> list[ClaimedJob]:
         pacer = Pacer(queue.conn)
         admitted: list[ClaimedJob] = []
         held: list[tuple[ClaimedJob, datetime]] = []
         for limits, group in groups.items():
-            if not limits:
-                admitted += group
-                continue
-            taken = pacer.take(limits, len(group))
-            admitted += group[:taken.admitted]
-            rest = group[taken.admitted:]
-            if rest:
-                held += self._book(limits, rest, taken.next_at or taken.at, taken.at)
+            # Jobs of one set of limits share a domain group (its key is among the limits) or have
+            # none with a concurrency, unless the group has no rate: then split them by group.
+            for name, jobs in self._by_capped_group(group, room).items():
+                fits = len(jobs) if name is None else max(0, min(len(jobs), room[name]))
+                if fits and limits:
+                    taken = pacer.take(limits, fits)
+                    fits, next_at, now = taken.admitted, taken.next_at or taken.at, taken.at
+                else:
+                    next_at = now = None
+                admitted += jobs[:fits]
+                if name is not None:
+                    room[name] -= fits
+                rest = jobs[fits:]
+                if not rest:
+                    continue
+                if next_at is None or fits == len(jobs) or (name is not None and room[name] <= 0):
+                    # Held for the group's concurrency: due again shortly (room frees as sends end).
+                    held += self._book(("concurrency", name or ""), rest, None, CONCURRENCY_RETRY)
+                else:
+                    held += self._book(tuple(limit.key for limit in limits), rest, (next_at, now),
+                                       max(limit.rate.interval for limit in limits))
         marked = queue.begin(token, admitted, held) if admitted or held else set()
         if held:
             log.debug("jobs_paced", held=len(held), admitted=len(marked))
         return [j for j in admitted if j.id in marked]
 
-    def _book(self, limits: tuple[Limit, ...], jobs: list[ClaimedJob], next_at: datetime,
-              now: datetime) -> list[tuple[ClaimedJob, datetime]]:
-        """Due times one interval of the strictest limit apart, after this node's earlier bookings."""
-        key = tuple(limit.key for limit in limits)
-        step = timedelta(seconds=max(limit.rate.interval for limit in limits))
-        start = max(next_at, self._booked.get(key, next_at) + step)
+    def _by_capped_group(self, jobs: list[ClaimedJob], room: dict[str, int]) -> dict[str | None, list[ClaimedJob]]:
+        split: dict[str | None, list[ClaimedJob]] = defaultdict(list)
+        for job in jobs:
+            group = self._group(job)
+            split[group.name if group is not None and group.name in room else None].append(job)
+        return split
+
+    def _book(self, key: tuple[str, ...], jobs: list[ClaimedJob], when: tuple[datetime, datetime] | None,
+              step_seconds: float) -> list[tuple[ClaimedJob, datetime]]:
+        """Due times ``step_seconds`` apart, after this node's earlier bookings of ``key``, from
+        ``when`` = (next allowed, the limiter's now), or from now for concurrency."""
+        now = when[1] if when else datetime.now(timezone.utc)
+        next_at = when[0] if when else now + timedelta(seconds=step_seconds)
+        step = timedelta(seconds=step_seconds if when else 0)
+        start = max(next_at, self._booked.get(key, next_at) + step) if when else next_at
         dues = [(job, start + i * step) for i, job in enumerate(jobs)]
-        self._booked[key] = dues[-1][1]
+        if when:
+            self._booked[key] = dues[-1][1]
         first = time.monotonic() + max(0.0, (start - now).total_seconds())
         self._holding_until = max(self._holding_until, time.monotonic() + (dues[-1][1] - now).total_seconds())
         self.next_due = first if self.next_due is None or self.next_due < time.monotonic() else min(self.next_due, first)

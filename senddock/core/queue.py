@@ -15,6 +15,9 @@ from senddock.config import BreakerSettings
 from senddock.core.nodes import LOCK_CLASS, NodeIdentity
 from senddock.core.queries import query
 
+# pg_advisory_xact_lock(class, key) class of a domain group's concurrency room (0x5E4D: node locks).
+CONCURRENCY_LOCK_CLASS = 0x5E4F
+
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,14 @@ class Queue:
         params = {"job_ids": [r.job.id for r in rows], "started_ats": [r.started_at for r in rows],
                   "node_id": self.node.id}
         return dict(self.conn.execute(query("jobs_results_recorded"), params).fetchall())
+
+    def in_flight_by_domain(self) -> dict[str, int]:
+        """Sends in flight in the whole cluster, by recipient domain."""
+        return dict(self.conn.execute(query("jobs_in_flight_by_domain")).fetchall())
+
+    def lock_concurrency(self, keys: Sequence[str]) -> None:
+        """Inside a transaction: serialize with every node counting the same groups' room."""
+        self.conn.execute(query("concurrency_locks"), {"keys": list(keys), "lock_class": CONCURRENCY_LOCK_CLASS})
 
     def release(self, jobs: Sequence[ClaimedJob]) -> int:
         if not jobs:

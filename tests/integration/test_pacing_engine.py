@@ -4,6 +4,7 @@ never in doubt, and other domains that keep flowing past a slow one."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 from senddock.api import Senddock
@@ -95,4 +96,45 @@ def test_a_campaigns_own_rate_paces_it(make_config, smtp_sink):
     assert most_in_any_window(times, 1.0) <= 10 * 1.1 + 2
     assert max(times) - min(times) >= (30 - 2) / 10 * 0.95
     assert attempts_of(app) == [("sent", False, len(emails))]
+    app.close()
+
+
+def test_a_domain_groups_concurrency_holds_for_all_nodes_together(make_config, smtp_sink):
+    """`concurrency: 3` for slow.example, a relay taking 100 ms a message, two nodes of 20 sends
+    in flight each: never more than 3 of the group's sends in flight at once (sampled in the
+    database, where a send in flight is a job marked begun and not recorded), while the other
+    domain's recipients use the rest."""
+    smtp_sink.handler.delay = 0.1
+    pacing = {"domains": [{"match": ["slow.example"], "concurrency": 3}]}
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=20, pacing=pacing)))
+    slow = [f"s{i}@slow.example" for i in range(30)]
+    other = [f"o{i}@other.example" for i in range(60)]
+    campaign_id = make_broadcast(app, slow + other)
+    peak, done = Counter(), threading.Event()
+
+    def sample() -> None:
+        with app.db.connection() as conn:
+            while not done.is_set():
+                for domain, n in conn.execute("SELECT domain, count(*) FROM broadcast_jobs "
+                                              "WHERE status = 'sending' AND send_begun GROUP BY domain"):
+                    peak[domain] = max(peak[domain], n)
+                time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    nodes = [threading.Thread(target=drain, args=(app.config,), kwargs={"node_name": f"capped-{i}"})
+             for i in range(2)]
+    try:
+        for node in nodes:
+            node.start()
+        for node in nodes:
+            node.join(120)
+    finally:
+        done.set()
+        sampler.join()
+    assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(slow + other)
+    assert peak["slow.example"] == 3, peak
+    assert peak["other.example"] > 3, peak
+    assert attempts_of(app) == [("sent", False, 90)]
+    assert app.campaign_status(campaign_id).status == "finished"
     app.close()

@@ -595,6 +595,17 @@ WITH begun AS (
 )
 SELECT (SELECT array_agg(id) FROM begun), (SELECT count(*) FROM held), (SELECT 1 FROM durable);
 
+-- name: jobs_in_flight_by_domain
+-- Sends in flight in the whole cluster (marked begun, not recorded), by recipient domain: what
+-- a domain group's `concurrency` counts. Walks the small 'sending' index only.
+SELECT domain, count(*) FROM broadcast_jobs WHERE status = 'sending' AND send_begun GROUP BY domain;
+
+-- name: concurrency_locks
+-- One transaction-scoped lock per domain group with a concurrency limit, taken in key order (no
+-- two nodes wait for each other in a cycle) and held until the begin marks commit: two nodes never
+-- count the same free room.
+SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(k)) FROM unnest(%(keys)s::text[]) AS k ORDER BY k;
+
 -- name: jobs_release
 -- Claimed jobs that were never started go back as they were (a shutdown, a pause, a lost claim).
 -- The lowest key going back to 'pending' in each broadcast is recorded in the same statement, so
