@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from senddock.durations import parse_duration
 
 if TYPE_CHECKING:  # limits.py reads the settings from here: no import back at run time
+    from senddock.outcome import Classification
     from senddock.pacing.limits import Limit
 
 
@@ -67,3 +68,9 @@ def throttled_limit(limits: Sequence[Limit]) -> Limit | None:
     else the global one. Never a campaign's own rate: a provider throttles senders, not campaigns."""
     by_kind = {limit.key.partition(":")[0]: limit for limit in limits}
     return by_kind.get("domain") or by_kind.get("transport") or by_kind.get("global")
+
+
+def slows_pacing(verdict: Classification) -> bool:
+    """Whether a send's classified reply asks for a slower pace: throttling does, greylisting
+    (throttled for retries, reason ``greylisted``) asks for one retry later and does not."""
+    return verdict.throttled and verdict.reason != "greylisted"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from senddock.pacing.adaptive import Adaptive, throttled_limit
+from senddock.outcome import Classification, Outcome
+from senddock.pacing.adaptive import Adaptive, slows_pacing, throttled_limit
 from senddock.pacing.limits import limits_for
 from senddock.pacing.rates import parse_rate
 from test_pacing import ISSUE_EXAMPLE, config_errors, pacing_of
@@ -57,3 +58,10 @@ def test_a_throttling_reply_slows_the_recipients_group_else_the_transport_else_e
     alone = pacing_of(tmp_path, "pacing: {adaptive: true}\n")
     assert throttled_limit(limits_for(alone, transport="smtp", domain="gmail.com", campaign_id=3,
                                       campaign_rate=rate)) is None
+
+
+def test_throttling_slows_the_pace_and_greylisting_does_not():
+    assert slows_pacing(Classification(Outcome.RETRY, "throttled", throttled=True))
+    assert slows_pacing(Classification(Outcome.RETRY, "too_many_recipients", throttled=True))
+    assert not slows_pacing(Classification(Outcome.RETRY, "greylisted", throttled=True))
+    assert not slows_pacing(Classification(Outcome.RETRY, "relay_error", relay_trouble=True))
