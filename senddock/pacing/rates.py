@@ -68,3 +68,10 @@ def parse_rate(text: str, burst: int | None = None) -> Rate:
     count, unit = text.split("/")
     per_second = float(count) / _UNITS[unit]
     return Rate(per_second=per_second, burst=default_burst(per_second) if burst is None else burst, text=text)
+
+
+def format_rate_like(per_second: float, like: Rate) -> str:
+    """``per_second`` written in the unit ``like`` is written in: 10/s, 50/min, 0.25/s."""
+    unit = like.text.rpartition("/")[2]
+    value = per_second * _UNITS[unit]
+    return f"{value:.0f}/{unit}" if value >= 100 else f"{value:.3g}/{unit}"

@@ -1124,8 +1124,7 @@ WITH clock AS (
       AND (%(configured)s::boolean OR EXISTS (SELECT FROM rates))
     GROUP BY b.campaign_id, j.domain
 )
-SELECT (SELECT t FROM clock) AS at,
-       (SELECT coalesce(json_agg(json_build_object('campaign_id', r.campaign_id, 'send_rate', r.send_rate)), '[]')
+SELECT (SELECT coalesce(json_agg(json_build_object('campaign_id', r.campaign_id, 'send_rate', r.send_rate)), '[]')
           FROM rates r) AS campaign_rates,
        (SELECT coalesce(json_agg(json_build_object(
                    'key', l.key, 'factor', l.factor,
