@@ -1108,8 +1108,10 @@ RETURNING p.key, p.factor;
 -- campaigns' own rates (the one asked for, or those sending), and the sends begun in the last
 -- minute by campaign and recipient domain; the caller matches domains to groups as the claimer
 -- does. Sends are counted only when a limit is configured (a one-time filter: no scan otherwise).
+-- now(), not clock_timestamp(): stable, so the planner can estimate the minute's rows (and use an
+-- index on started_at, if there is one); it is the transaction's start, a moment ago.
 WITH clock AS (
-    SELECT clock_timestamp() AS t
+    SELECT now() AS t
 ), rates AS (
     SELECT c.id AS campaign_id, c.send_rate
     FROM campaigns c
@@ -1120,7 +1122,7 @@ WITH clock AS (
     FROM delivery_attempts a
     JOIN broadcast_jobs j ON j.id = a.job_id
     JOIN broadcasts b ON b.id = a.broadcast_id
-    WHERE a.started_at >= (SELECT t FROM clock) - interval '1 minute'
+    WHERE a.started_at >= now() - interval '1 minute'
       AND (%(configured)s::boolean OR EXISTS (SELECT FROM rates))
     GROUP BY b.campaign_id, j.domain
 )
