@@ -170,8 +170,9 @@ def test_a_halved_limit_climbs_back_second_by_second_and_stops_at_its_rate(datab
     expected = [rate * (0.5 + 1 / 8), rate * (0.5 + 3 / 8), rate, rate]
     measured = [sent_in(admissions, halved + timedelta(seconds=i), halved + timedelta(seconds=i + 1))
                 for i in range(4)]
-    # The first second includes the idle limit's burst (shrunk to 1 + 3 * 0.5 sends).
-    assert expected[0] <= measured[0] <= expected[0] + burst, (measured, expected)
+    # The first second starts at the halving, the nodes a moment later (a few sends lost, made up
+    # in part by the idle limit's burst, shrunk to 1 + 3 * 0.5 sends).
+    assert expected[0] - 3 <= measured[0] <= expected[0] + burst, (measured, expected)
     for got, want in zip(measured[1:], expected[1:]):
         assert got == pytest.approx(want, abs=3), (measured, expected)
     assert measured[1] < measured[3]  # it did climb
