@@ -44,11 +44,6 @@ class PacingSettings:
     domains: tuple[DomainGroup, ...] = ()
     adaptive: Adaptive | None = None  # None: throttling replies leave the rates alone
 
-    @property
-    def configured(self) -> bool:
-        """Whether any limit is configured (a campaign's own rate aside)."""
-        return self.global_rate is not None or bool(self.transports) or bool(self.domains)
-
     def group_for(self, domain: str) -> DomainGroup | None:
         """The first group matching the recipient domain ``domain``: groups are matched in order."""
         domain = normalize_domain(domain)
