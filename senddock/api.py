@@ -27,6 +27,7 @@ from senddock.core.campaigns import (
 )
 from senddock.core.db import Database
 from senddock.core.lists import MailingList
+from senddock.core.pacing_status import LimitStatus, pacing_status
 from senddock.core.subscribers import ImportSummary, Normalised, Rejection
 from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
 from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound, UsageError
@@ -350,8 +351,17 @@ class Senddock:
             return campaign_control.unsuppress_campaign(conn, campaign_id, since_pause=since_pause)
 
     def campaign_status(self, campaign_id: int) -> CampaignStatus:
+        """Its counts, and its pacing limits (the configured ones and its own rate) as they stand."""
         with self._conn() as conn:
-            return campaigns.campaign_status(conn, campaign_id)
+            status = campaigns.campaign_status(conn, campaign_id)
+            limits = pacing_status(conn, self.config.pacing, transport=self.config.transport, campaign_id=campaign_id)
+        return replace(status, pacing=limits)
+
+    def pacing_status(self) -> tuple[LimitStatus, ...]:
+        """Every pacing limit, rate configured / effective / measured over the last minute; the
+        campaigns' own rates for those sending. Empty when no limit is configured."""
+        with self._conn() as conn:
+            return pacing_status(conn, self.config.pacing, transport=self.config.transport)
 
     def campaign_history(self, campaign_id: int, limit: int = 20) -> list[campaign_control.CampaignEvent]:
         """Its latest status changes, newest first: who paused it, when, why; when it resumed, finished."""

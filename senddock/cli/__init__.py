@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--show", action="store_true", help="print the effective config, secrets masked")
     command(sub, "plugins", commands.plugins, "list registered plugins, their hooks and the active transport")
     command(sub, "migrate", commands.migrate, "apply pending database migrations")
+    command(sub, "status", commands.status,
+            "pacing per limit: rate configured, effective (slowed down by throttling), measured over the last minute")
 
     lists = sub.add_parser("lists", help="mailing lists").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from senddock.cli import argtypes
 from senddock.cli.output import Output, plural, table
-from senddock.cli.status_lines import probe_line, warning_line
+from senddock.cli.status_lines import pacing_table, probe_line, warning_line
 from senddock.config import Config, find_config_path, load_config
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
 
@@ -291,6 +291,8 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
             lines.append(probe_line(status))
         if status.broadcast_id is None:
             lines.append("not sent yet")
+            if status.pacing:
+                lines.append(pacing_table(status.pacing))
             return "\n".join(lines)
         lines.append(f"broadcast {status.broadcast_id}: {plural(status.total, 'recipient')}, "
                      f"{status.skipped} skipped")
@@ -300,7 +302,22 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
         ))
         for reason, count in status.failed_by_reason.items():
             lines.append(f"  failed {reason}: {count}")
+        if status.pacing:
+            lines.append(pacing_table(status.pacing))
         return "\n".join(lines)
 
     out.result(status.as_dict(), human)
+    return EXIT_OK
+
+
+def status(args: argparse.Namespace, out: Output) -> int:
+    with open_senddock(args) as sd:
+        limits = sd.pacing_status()
+
+    def human() -> str:
+        if not limits:
+            return "pacing: no limit configured (the `pacing` section of the config)"
+        return pacing_table(limits)
+
+    out.result({"pacing": [limit.as_dict() for limit in limits]}, human)
     return EXIT_OK

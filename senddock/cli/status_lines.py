@@ -1,4 +1,4 @@
-"""The lines `campaign status` and its `--watch` view share about a paused campaign."""
+"""The lines `campaign status` and its `--watch` view share: a paused campaign, pacing."""
 
 from __future__ import annotations
 
@@ -27,3 +27,15 @@ def warning_line(status) -> str:
         since = f" (since {status.paused_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC, " \
                 f"{format_duration(max(0.0, ago))} ago)"
     return f"warning{since}: {status.warning}"
+
+
+# Not senddock.core.pacing_status.PACING_COLUMNS: importing it would load psycopg for `--help`.
+PACING_COLUMNS = ("pacing", "configured", "effective", "last minute")
+
+
+def pacing_table(limits) -> str:
+    """Per pacing limit (senddock.core.pacing_status.LimitStatus): rate configured, effective
+    (slowed down by throttling), measured over the last minute."""
+    from senddock.cli.output import table
+
+    return table(PACING_COLUMNS, [limit.columns() for limit in limits])

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from senddock.cli.status_lines import probe_line, warning_line
+from senddock.cli.status_lines import PACING_COLUMNS, probe_line, warning_line
 from senddock.cli.output import Output
 from senddock.core.campaigns import CampaignStatus
 from senddock.errors import EXIT_OK
@@ -87,6 +87,13 @@ def _view(status: CampaignStatus, rate: Rate, bar: Progress, task) -> Group:
         for reason, count in sorted(status.failed_by_reason.items(), key=lambda kv: -kv[1]):
             failures.add_row(reason, str(count))
         parts.append(failures)
+    if status.pacing:
+        pacing = Table(box=None, show_header=True, header_style="bold")
+        for column in PACING_COLUMNS:
+            pacing.add_column(column, justify="left" if column == "pacing" else "right")
+        for limit in status.pacing:
+            pacing.add_row(*limit.columns())
+        parts.append(pacing)
     if status.warning:
         parts.append(Text(warning_line(status), style="bold red"))
     elif status.paused_reason:

@@ -18,6 +18,8 @@ from senddock.mail.addresses import check_mailbox
 from senddock.pacing.rates import campaign_rate_view
 from senddock.wording import is_status
 
+if TYPE_CHECKING:
+    from senddock.core.pacing_status import LimitStatus
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
     from senddock.mail.templates import Analysis
 
@@ -103,9 +105,12 @@ class CampaignStatus:
     # A pause senddock made itself (not `campaign pause`): when, and what the operator should know.
     paused_at: datetime | None = None
     warning: str | None = None
+    # Per pacing limit, rate configured / effective / measured (senddock.core.pacing_status); empty
+    # when no limit is configured.
+    pacing: tuple[LimitStatus, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "pacing": [limit.as_dict() for limit in self.pacing]}
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from senddock.core.nodes import Lifeline
 from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
 from senddock.errors import error_line
 from senddock.outcome import Classification
+from senddock.pacing.adaptive import slows_pacing
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +62,7 @@ class Completer(threading.Thread):
         async_results: bool,
         finish_campaigns: Callable[[Queue, set[int]], None],
         queue_dry: Callable[[], bool],
+        throttled: Callable[[Queue, list[ClaimedJob]], None] = lambda queue, jobs: None,
     ) -> None:
         super().__init__(name="senddock-completer", daemon=True)
         self._db = db
@@ -72,6 +74,7 @@ class Completer(threading.Thread):
         self._async = async_results
         self._finish_campaigns = finish_campaigns
         self._queue_dry = queue_dry
+        self._throttled = throttled  # slows the limits of sends the provider throttled
         self._inbox: queues.SimpleQueue[Done] = queues.SimpleQueue()
         self._closing = threading.Event()  # no more input will come: record what is left and stop
         self._lock = threading.Lock()
@@ -188,6 +191,9 @@ class Completer(threading.Thread):
         for done in group:
             if done.row is not None and recorded[done.job.id].recorded and done.row.result.outcome != "pause":
                 self._aftercare.track_failures(queue, done.job.campaign_id, done.verdict)
+        throttled = [d.job for d in group if d.verdict is not None and slows_pacing(d.verdict)]
+        if throttled:
+            self._throttled(queue, throttled)
         with self._lock:
             self._flushes += 1
             seq = self._flushes

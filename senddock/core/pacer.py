@@ -2,6 +2,8 @@
 
 One statement per take (``pacing_take``): the limits a send is subject to (see
 senddock.pacing.limits) are taken together, so a send is admitted by all of them or by none.
+With adaptive pacing (senddock.pacing.adaptive), ``throttled`` halves the limits providers
+throttled (``pacing_throttled``) and every take paces them at their factor in force.
 """
 
 from __future__ import annotations
@@ -11,9 +13,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import psycopg
+import structlog
 
 from senddock.core.queries import query
+from senddock.pacing.adaptive import Adaptive
 from senddock.pacing.limits import Limit
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -33,8 +39,9 @@ class Pacer:
     """Takes from shared limits on one connection (autocommit, or inside a READ COMMITTED
     transaction: the rows stay locked until it ends, so keep it short)."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection, adaptive: Adaptive | None = None) -> None:
         self.conn = conn
+        self.adaptive = adaptive  # None: throttling changes nothing, and factors are not read
 
     def take(self, limits: Sequence[Limit], n: int = 1) -> Admission:
         """Admit up to ``n`` sends under every one of ``limits`` at once."""
@@ -50,6 +57,21 @@ class Pacer:
             "intervals": [limit.rate.interval for limit in limits],
             "tolerances": [limit.rate.tolerance for limit in limits],
             "n": n,
+            "recovery": None if self.adaptive is None else self.adaptive.recovery,
         }
         admitted, at, next_at = self.conn.execute(query("pacing_take"), params).fetchone()
         return Admission(wanted=n, admitted=admitted, at=at, next_at=next_at)
+
+    def throttled(self, keys: Sequence[str]) -> dict[str, float]:
+        """A provider throttled sends under the limits ``keys`` (for a send, the one
+        senddock.pacing.adaptive.throttled_limit names): halve each, unless it was halved less than
+        ``hold`` ago. One statement for a whole batch of results. Returns the limits halved, with
+        their new factor; nothing when adaptive pacing is off."""
+        if self.adaptive is None or not keys:
+            return {}
+        params = {"keys": sorted(set(keys)), "floor": self.adaptive.floor, "recovery": self.adaptive.recovery,
+                  "hold": self.adaptive.hold}
+        halved = dict(self.conn.execute(query("pacing_throttled"), params).fetchall())
+        for key, factor in sorted(halved.items()):
+            log.warning("pacing_slowed", limit=key, factor=round(factor, 4))
+        return halved

@@ -21,6 +21,7 @@ import structlog
 
 from senddock.core.pacer import Pacer
 from senddock.core.queue import ClaimedJob, Queue
+from senddock.pacing.adaptive import throttled_limit
 from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for
 from senddock.pacing.rates import Rate, parse_campaign_rate
 
@@ -94,12 +95,21 @@ class PacingGate:
                     room[group.name] -= count
             return self._admit(queue, token, groups, room)
 
+    def throttled(self, queue: Queue, jobs: Sequence[ClaimedJob]) -> None:
+        """Throttling replies to these sends: slow down (adaptive pacing) the limit of the provider
+        that sent each, once per statement for all nodes (see senddock.pacing.adaptive)."""
+        if not self._pacing.adaptive:
+            return
+        keys = {limit.key for limit in (throttled_limit(self.limits(job)) for job in jobs) if limit is not None}
+        if keys:
+            Pacer(queue.conn, self._pacing.adaptive).throttled(sorted(keys))
+
     def _group(self, job: ClaimedJob) -> DomainGroup | None:
         return self._pacing.group_for(job.domain)
 
     def _admit(self, queue: Queue, token: uuid.UUID, groups: dict[tuple[Limit, ...], list[ClaimedJob]],
                room: dict[str, int]) -> list[ClaimedJob]:
-        pacer = Pacer(queue.conn)
+        pacer = Pacer(queue.conn, self._pacing.adaptive)
         admitted: list[ClaimedJob] = []
         held: list[tuple[ClaimedJob, datetime]] = []
         for limits, group in groups.items():
@@ -147,7 +157,9 @@ class PacingGate:
         dues = [(job, start + i * step) for i, job in enumerate(jobs)]
         if when:
             self._booked[key] = dues[-1][1]
-        first = time.monotonic() + max(0.0, (start - now).total_seconds())
+        # Wake when the limit has room again (jobs booked earlier may be due by then: a limit that
+        # is asked late has lost that time), or when the first of these falls due.
+        first = time.monotonic() + max(0.0, (min(next_at, start) - now).total_seconds())
         self._holding_until = max(self._holding_until, time.monotonic() + (dues[-1][1] - now).total_seconds())
         self.next_due = first if self.next_due is None or self.next_due < time.monotonic() else min(self.next_due, first)
         return dues

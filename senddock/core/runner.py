@@ -184,16 +184,18 @@ class Runner:
 
     def _start_pipeline(self) -> None:
         contents = ContentCache(self._pooled_queue)
+        gate = PacingGate(self.config.pacing, self.config.transport)
         self.completer = Completer(
             self.db, self.queue, slots=self.slots, claims=self.held_claims, aftercare=self.aftercare,
             lifeline=self.lifeline, async_results=self.config.database.result_commit == "async",
             finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
+            throttled=gate.throttled,
         )
         self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
                                self.concurrency)
         self.claimer = Claimer(
             self.config, self.db, self.queue, slots=self.slots, claims=self.held_claims, contents=contents,
-            gate=PacingGate(self.config.pacing, self.config.transport), senders=self.senders,
+            gate=gate, senders=self.senders,
             completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
             wait_for_work=self.wait_for_work,
         )

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from senddock.pacing.adaptive import Adaptive, adaptive_problems, adaptive_settings
 from senddock.pacing.rates import Rate, parse_rate, rate_problem
 
 
@@ -41,7 +42,7 @@ class PacingSettings:
     global_rate: Rate | None = None
     transports: Mapping[str, Rate] = field(default_factory=dict)
     domains: tuple[DomainGroup, ...] = ()
-    adaptive: bool = False
+    adaptive: Adaptive | None = None  # None: throttling replies leave the rates alone
 
     def group_for(self, domain: str) -> DomainGroup | None:
         """The first group matching the recipient domain ``domain``: groups are matched in order."""
@@ -101,7 +102,7 @@ def pacing_settings(section: Mapping[str, Any]) -> PacingSettings:
             )
             for group in section["domains"]
         ),
-        adaptive=section["adaptive"],
+        adaptive=adaptive_settings(section["adaptive"]),
     )
 
 
@@ -130,6 +131,7 @@ def pacing_problems(section: Mapping[str, Any], transports: Mapping[str, str]) -
                 yield (f"$.pacing.domains[{i}].match[{j}]", f"{entry!r} is already matched by {where}{by}: "
                        "a domain is paced by the first group that matches it")
             seen.append((entry, i))
+    yield from adaptive_problems(section["adaptive"])
 
 
 def _rate(value: str | Mapping[str, Any]) -> Rate:

@@ -115,3 +115,10 @@ def campaign_rate_view(stored: str | None) -> dict[str, object] | None:
     except ValueError:
         return {"rate": stored, "burst": None}  # written by hand: shown as it is, never a traceback
     return {"rate": rate.text, "burst": rate.burst}
+
+
+def format_rate_like(per_second: float, like: Rate) -> str:
+    """``per_second`` written in the unit ``like`` is written in: 10/s, 50/min, 0.25/s."""
+    unit = like.text.rpartition("/")[2]
+    value = per_second * _UNITS[unit]
+    return f"{value:.0f}/{unit}" if value >= 100 else f"{value:.3g}/{unit}"

@@ -9,7 +9,7 @@ from collections import Counter
 
 from senddock.api import Senddock
 from senddock.testing import drain, fast_settings
-from tests_support import make_broadcast
+from tests_support import make_broadcast, wait_for
 
 
 def most_in_any_window(times: list[float], width: float) -> int:
@@ -137,4 +137,48 @@ def test_a_domain_groups_concurrency_holds_for_all_nodes_together(make_config, s
     assert peak["other.example"] > 3, peak
     assert attempts_of(app) == [("sent", False, 90)]
     assert app.campaign_status(campaign_id).status == "finished"
+    app.close()
+
+
+def test_throttling_replies_halve_a_groups_rate_which_recovers_slowly(make_config, smtp_sink):
+    """Adaptive pacing against a relay that throttles for a moment: gmail.example at 20/s, the relay
+    answers `421 4.7.28` to everything for 0.3 s; the group's factor is halved once (hold: 1 s, so
+    the sends in flight that all report it do not halve it again), the next seconds arrive at about
+    half the rate, and the rate climbs back (recovery: 20 s from nothing, so from one half in 10 s).
+    Throttled sends spend no attempt and everyone gets one message."""
+    from senddock.sink import FailRule
+    from tests_support import running_node
+
+    pacing = {"domains": [{"match": ["gmail.example"], "rate": "20/s", "burst": 5}],
+              "adaptive": {"recovery": "20s", "hold": "1s"}}
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=10, pacing=pacing)))
+    emails = [f"user{i}@gmail.example" for i in range(330)]
+    campaign_id = make_broadcast(app, emails)
+
+    def factor() -> float:
+        with app.db.connection() as conn:
+            row = conn.execute("SELECT factor FROM pacing_limits WHERE key = 'domain:gmail.example'").fetchone()
+        return 1.0 if row is None else row[0]
+
+    with running_node(app.config) as runner:
+        wait_for(lambda: len(smtp_sink.received) >= 60, 30, "sixty sends at the configured rate")
+        smtp_sink.handler.rules = [FailRule.parse("*=421 4.7.28 Our system has detected an unusual rate")]
+        throttled_at = time.time()
+        time.sleep(0.3)
+        smtp_sink.handler.rules = []
+        halved = factor()
+        wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 90, "the rest")
+        stats = runner.stats.snapshot()
+    assert 0.45 <= halved <= 0.55, halved
+    times = sorted(r.at for r in smtp_sink.received)
+    before = [t for t in times if throttled_at - 2.0 <= t < throttled_at]
+    after = [t for t in times if throttled_at + 0.5 <= t < throttled_at + 2.5]
+    late = [t for t in times if throttled_at + 11 <= t < throttled_at + 13]
+    assert len(before) >= 2 * 20 * 0.8, len(before)
+    assert len(after) <= 2 * 20 * 0.65 + 1, (len(after), len(before))
+    assert len(late) >= 2 * 20 * 0.8, len(late)
+    assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(emails)
+    assert stats.get("retry", 0) >= 1
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT max(attempts) FROM broadcast_jobs").fetchone() == (1,)
     app.close()

@@ -17,11 +17,13 @@ import psycopg
 import pytest
 
 from senddock.core.pacer import Admission, Pacer
+from senddock.pacing.adaptive import Adaptive
 from senddock.pacing.limits import Limit
 from senddock.pacing.rates import parse_rate
 
 
-def hammer(dsn: str, limits: list[Limit], *, nodes: int, seconds: float, most: int = 10) -> list[Admission]:
+def hammer(dsn: str, limits: list[Limit], *, nodes: int, seconds: float, most: int = 10,
+           adaptive: Adaptive | None = None) -> list[Admission]:
     """``nodes`` threads take 1..``most`` at a time for ``seconds``, each waiting for its next_at when
     held back; returns every admission that admitted something."""
     admissions: list[Admission] = []
@@ -33,7 +35,7 @@ def hammer(dsn: str, limits: list[Limit], *, nodes: int, seconds: float, most: i
         rng = random.Random(seed)
         try:
             with psycopg.connect(dsn, autocommit=True) as conn:
-                pacer = Pacer(conn)
+                pacer = Pacer(conn, adaptive)
                 start.wait()
                 end = time.monotonic() + seconds
                 while time.monotonic() < end:

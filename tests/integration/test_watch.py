@@ -13,8 +13,8 @@ from senddock.testing import fast_settings
 from tests_support import make_broadcast, senddock_executable, start_node, write_config
 
 
-def setup(make_config, database_dsn, smtp_sink, tmp_path, recipients=400):
-    settings = fast_settings(smtp_sink.port, workers=2)
+def setup(make_config, database_dsn, smtp_sink, tmp_path, recipients=400, **overrides):
+    settings = fast_settings(smtp_sink.port, workers=2, **overrides)
     app = Senddock(make_config(settings))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(recipients)])
     config_path = write_config(tmp_path, settings)
@@ -23,7 +23,9 @@ def setup(make_config, database_dsn, smtp_sink, tmp_path, recipients=400):
 
 
 def test_watch_on_a_terminal_shows_progress_and_exits_when_finished(make_config, database_dsn, smtp_sink, tmp_path):
-    app, campaign_id, config_path, env = setup(make_config, database_dsn, smtp_sink, tmp_path)
+    # With a pacing limit configured, the view shows it (configured, effective, last minute).
+    app, campaign_id, config_path, env = setup(make_config, database_dsn, smtp_sink, tmp_path,
+                                               pacing={"global": "100000/s"})
     node = start_node(config_path, database_dsn, "solo")
     try:
         child = pexpect.spawn(senddock_executable(), ["campaign", "status", str(campaign_id), "--watch",
@@ -31,6 +33,7 @@ def test_watch_on_a_terminal_shows_progress_and_exits_when_finished(make_config,
                               env=env, encoding="utf-8", dimensions=(30, 120), timeout=60)
         child.expect(f"campaign {campaign_id} sending")  # the live view while it sends
         child.expect("rate")
+        child.expect(r"global\s+100000/s\s+100000/s")
         child.expect(f"campaign {campaign_id} finished")
         child.expect(f"400/400")
         child.expect(pexpect.EOF)

@@ -8,6 +8,7 @@ import pytest
 
 from senddock.config import base_schema, load_config
 from senddock.errors import ConfigError
+from senddock.pacing.adaptive import Adaptive
 from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for, recipient_domain
 from senddock.pacing.rates import (
     RATE_PATTERN,
@@ -127,12 +128,12 @@ def test_the_issues_example_loads_typed(tmp_path: Path):
         DomainGroup(("gmail.com", "googlemail.com"), Rate(20.0, 20, "20/s"), 10),
         DomainGroup(("outlook.com", "hotmail.com", "live.com", "*.onmicrosoft.com"), Rate(10.0, 10, "10/s"), None),
     )
-    assert pacing.adaptive is True
+    assert pacing.adaptive == Adaptive()  # `adaptive: true`: the defaults
 
 
 def test_without_a_pacing_section_nothing_is_limited():
     pacing = load_config(None, environ={}).pacing
-    assert pacing == PacingSettings(global_rate=None, transports={}, domains=(), adaptive=False)
+    assert pacing == PacingSettings(global_rate=None, transports={}, domains=(), adaptive=None)
     assert limits_for(pacing, transport="smtp", domain="gmail.com", campaign_id=3) == ()
 
 

@@ -62,7 +62,24 @@ from senddock.outcome import Outcome, SendResult
         ("mail", 421, "4.7.0 too many connections", Outcome.RETRY, "throttled", False, "throttled"),
         ("rcpt", 421, "4.7.0 closing connection", Outcome.RETRY, "throttled", False, "throttled"),
         ("rcpt", 421, "4.7.28 unusual rate of unsolicited mail", Outcome.RETRY, "throttled", False, "throttled"),
-        ("rcpt", 451, "4.7.1 greylisted, try again", Outcome.RETRY, "throttled", False, "throttled"),
+        # Greylisting: no retry used up, but its own reason (adaptive pacing does not slow down for it).
+        ("rcpt", 451, "4.7.1 greylisted, try again", Outcome.RETRY, "greylisted", False, "throttled"),
+        ("rcpt", 450, "4.2.0 Greylisted, see https://postgrey.schweikert.ch/", Outcome.RETRY, "greylisted", False,
+         "throttled"),
+        # The providers' throttling replies (issue 14), whatever their text says: each slows its group down.
+        ("rcpt", 450, "4.7.28 [203.0.113.5] Our system has detected an unusual rate of\nunsolicited mail "
+         "originating from your IP address.", Outcome.RETRY, "throttled", False, "throttled"),
+        ("data", 550, "5.7.28 unusual rate of unsolicited mail: blocked", Outcome.FAIL, "policy_rejected", False, ""),
+        ("mail", 451, "4.7.500 Server busy. Please try again later from [203.0.113.5]. (S77719)", Outcome.RETRY,
+         "throttled", False, "throttled"),
+        ("mail", 421, "4.7.0 [TSS04] Messages from 203.0.113.5 temporarily deferred due to unexpected volume or "
+         "user complaints", Outcome.RETRY, "throttled", False, "throttled"),
+        ("rcpt", 450, "[TSS04] Messages temporarily deferred", Outcome.RETRY, "throttled", False, "throttled"),
+        ("data", 454, "Throttling failure: Maximum sending rate exceeded.", Outcome.RETRY, "throttled", False,
+         "throttled"),
+        ("data", 451, "MaxSendRate exceeded", Outcome.RETRY, "throttled", False, "throttled"),
+        ("rcpt", 450, "4.7.1 mail sent from your IP address has been temporarily rate\nlimited", Outcome.RETRY,
+         "throttled", False, "throttled"),
         # A 4xx policy refusal is no rate limit: counted, and a run of them pauses for a person.
         ("rcpt", 454, "4.7.1 <x@example.com>: Relay access denied", Outcome.RETRY, "deferred_rcpt", False, ""),
         ("mail", 450, "4.7.1 Client host rejected: cannot find your hostname", Outcome.RETRY, "deferred_mail",

@@ -16,7 +16,9 @@ suppress a whole list: those failures count towards pausing the campaign instead
 |----------------|---------------------------------------------------------|-------------------------------------------|
 | data           | 2xx                                                     | sent                                      |
 | any            | no reply: refused, reset, DNS, timeout, disconnect      | retry, relay trouble (in doubt after ".") |
-| any            | 421; 4xx naming a rate limit or greylisting             | retry, throttled                          |
+| any            | 421; 451 X.7.x; 4xx X.7.28 (Gmail); 4xx naming a rate   | retry, throttled                          |
+|                | limit ([TSS04] of Yahoo, SES's maximum sending rate)    |                                           |
+| any            | 4xx naming greylisting                                  | retry, throttled: greylisted              |
 | any            | X.3.x (the relay's mail system), 4xx X.4.x (network)    | retry, relay trouble                      |
 | any            | 5xx X.3.4 message too big for the system                | fail: message_too_big                     |
 | any            | 5xx X.4.x (routing)                                     | fail: routing_error                       |
@@ -46,7 +48,10 @@ resumes by itself once the relay answers a probe. The relay's own mail-system tr
 Permanent routing replies (5xx X.4.x; Exchange Online's "550 5.4.1 Recipient address rejected:
 Access denied" among them) fail the job without blaming the recipient: retrying them for days
 would help no one, and a run of them is for a person to judge. 4xx X.7.x is a policy deferral ("454 4.7.1 Relay access denied"), counted like any other
-4xx, unless its text names a rate limit or greylisting.
+4xx, unless it is 451 (Microsoft's "451 4.7.650 ... temporarily rate limited", greylisting), Gmail's
+X.7.28 ("unusual rate of unsolicited mail", 421 or 450), or its text names a rate limit or greylisting.
+Greylisting is throttling for retries but keeps its own reason, ``greylisted``: it asks for one
+retry later, not for a slower pace, so adaptive pacing leaves the rate alone for it.
 """
 
 from __future__ import annotations
@@ -80,10 +85,15 @@ _UNKNOWN_USER = re.compile(
 # Without an enhanced code, a text about the sender is never read as a dead recipient.
 _ABOUT_SENDER = re.compile(r"sender", re.IGNORECASE)
 # 4xx texts of receivers and relays slowing us down (Gmail 450 4.2.1 "receiving mail too quickly",
-# Yahoo "[TSS04] ... deferred due to ... volume", Microsoft "temporarily rate limited") or
-# greylisting (450/451 4.7.1 "Greylisted, try again").
-_RATE_LIMITED = re.compile(r"rate.?limit|too (many|fast|quickly)|throttl|volume|slow down|grey.?list|gray.?list",
-                           re.IGNORECASE)
+# Yahoo "[TSS04] ... deferred due to ... volume", Microsoft "temporarily rate limited", SES
+# "454 Throttling failure: Maximum sending rate exceeded"). \W, not ".": a multi-line reply's
+# lines are joined with a newline, which may fall between "rate" and "limited".
+_RATE_LIMITED = re.compile(r"rate\W?limit|too\W(many|fast|quickly)|throttl|volume|slow\Wdown|\[TSS?0\d\]|"
+                           r"max(imum)?\W?send(ing)?\W?rate", re.IGNORECASE)
+# Greylisting (450/451 4.7.1 "Greylisted, try again"): a retry later, not a slower pace.
+_GREYLISTED = re.compile(r"gr[ea]y\W?list", re.IGNORECASE)
+# Gmail's X.7.28: "unusual rate of unsolicited mail ... temporarily rate limited" (421 or 450).
+GMAIL_RATE_LIMITED = "7.28"
 # X.6.7: the address needs SMTPUTF8 (RFC 6531), which the relay or this transport lacks.
 NEEDS_SMTPUTF8 = "6.7"
 # RFC 4954: 530 authentication required, 534 mechanism too weak, 535 credentials invalid,
@@ -157,7 +167,10 @@ def classify(result: SendResult) -> Classification:
         return Classification(Outcome.RETRY, "mailbox_full", retry_after=wait, about_recipient=True)
     if detail == TOO_MANY_RECIPIENTS and phase == "rcpt":
         return Classification(Outcome.RETRY, "too_many_recipients", retry_after=wait, throttled=True)
-    if transient and _RATE_LIMITED.search(result.text):
+    if transient and _GREYLISTED.search(result.text):
+        return Classification(Outcome.RETRY, "greylisted", retry_after=wait, throttled=True)
+    if transient and (_RATE_LIMITED.search(result.text) or detail == GMAIL_RATE_LIMITED
+                      or (code == 451 and subject == "7")):
         return Classification(Outcome.RETRY, "throttled", retry_after=wait, throttled=True)
     if transient:
         return Classification(Outcome.RETRY, f"deferred_{phase}", retry_after=wait,

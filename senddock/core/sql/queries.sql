@@ -1101,13 +1101,16 @@ SELECT k.key, n.missing,
 -- send i = 0, 1, ... is allowed while (due - t) + i*T <= tau, where due = greatest(tat, t).
 -- Returns k, the time t of the decision and, when k < n, the time the next send will be allowed.
 -- Must run in READ COMMITTED (a row another take changed is then read as it is once locked).
+-- Adaptive pacing (migration 8; recovery NULL when it is off): a limit slowed down by throttling
+-- spaces its sends T / f apart, f its factor in force (see pacing_throttled), while its tolerance
+-- stays tau seconds, so fewer leave at once too.
 WITH wanted AS (
     SELECT w.key, w.t_s, w.tau_s
     FROM unnest(%(keys)s::text[], %(intervals)s::float8[], %(tolerances)s::float8[]) AS w (key, t_s, tau_s)
 ), locked AS (
     -- Locks in key order, whatever order the caller named the limits in: two takes never wait for
     -- each other in a cycle. ORDER BY is applied before the locks are taken.
-    SELECT l.key, l.tat
+    SELECT l.key, l.tat, l.factor, l.factor_at
     FROM pacing_limits l
     WHERE l.key = ANY (%(keys)s::text[])
     ORDER BY l.key
@@ -1118,8 +1121,14 @@ WITH wanted AS (
     SELECT clock_timestamp() AS t, count(*) AS locked FROM locked
 ), state AS (
     -- greatest() skips NULL: a limit without a row yet is due now, with its whole burst.
-    SELECT w.key, w.t_s, w.tau_s, l.key IS NULL AS missing, c.t, greatest(l.tat, c.t) AS due
+    SELECT w.key, w.t_s / f.factor AS t_s, w.tau_s, l.key IS NULL AS missing, c.t, greatest(l.tat, c.t) AS due
     FROM wanted w CROSS JOIN clock c LEFT JOIN locked l ON l.key = w.key
+    CROSS JOIN LATERAL (
+        -- The factor climbs back by 1 / recovery a second since it was last halved, up to 1.
+        SELECT CASE WHEN %(recovery)s::float8 IS NULL OR l.key IS NULL THEN 1
+                    ELSE least(1, l.factor + coalesce(greatest(0, extract(epoch FROM c.t - l.factor_at)::float8), 0)
+                                             / %(recovery)s::float8) END AS factor
+    ) f
 ), allowed AS (
     -- 1 µs of slack: tat is rounded to the microsecond on every take.
     SELECT s.*, least(%(n)s::int,
@@ -1157,6 +1166,61 @@ SELECT o.k AS admitted, o.t AS at,
             THEN greatest(o.t, max(a.due + make_interval(secs => o.k * a.t_s - a.tau_s))) END AS next_at
 FROM outcome o CROSS JOIN allowed a
 GROUP BY o.k, o.t;
+
+-- name: pacing_throttled
+-- Adaptive pacing (AIMD, migration 8): a throttling reply halves each given limit's factor in
+-- force (never below the floor) and restarts its recovery from now, unless it was halved less
+-- than hold seconds ago: the sends in flight report one throttling many times over. An upsert,
+-- so the guard is checked on the row as it is once locked (ON CONFLICT DO UPDATE reads its latest
+-- version): two nodes reporting at once halve it once. A limit without a row yet gets one, due
+-- now. Keys locked in key order, as in pacing_take, so the two never wait for each other in a
+-- cycle. Returns the limits halved, with their new factor.
+INSERT INTO pacing_limits AS p (key, tat, factor, factor_at)
+SELECT k.key, clock_timestamp(), greatest(%(floor)s::float8, 0.5), clock_timestamp()
+FROM (SELECT DISTINCT unnest(%(keys)s::text[]) AS key) k
+ORDER BY k.key
+ON CONFLICT (key) DO UPDATE
+   SET factor = greatest(%(floor)s::float8,
+                         least(1, p.factor + coalesce(greatest(0, extract(epoch FROM clock_timestamp() - p.factor_at)::float8), 0)
+                                             / %(recovery)s::float8) / 2),
+       factor_at = clock_timestamp()
+ WHERE p.factor_at IS NULL OR p.factor_at <= clock_timestamp() - make_interval(secs => %(hold)s::float8)
+RETURNING p.key, p.factor;
+
+-- name: pacing_status
+-- What `status` and `campaign status` show per limit, in one statement (`campaign status --watch`
+-- runs it every refresh): the limits' factors with the seconds since each was halved, the
+-- campaigns' own rates (the one asked for, or those sending), and the sends begun in the last
+-- minute by campaign and recipient domain; the caller matches domains to groups as the claimer
+-- does. Sends are counted only when a limit is configured (a one-time filter: no scan otherwise).
+-- now(), not clock_timestamp(): stable, so the planner can estimate the minute's rows (and use an
+-- index on started_at, if there is one); it is the transaction's start, a moment ago.
+WITH clock AS (
+    SELECT now() AS t
+), rates AS (
+    SELECT c.id AS campaign_id, c.send_rate
+    FROM campaigns c
+    WHERE c.send_rate IS NOT NULL
+      AND (c.id = %(campaign_id)s::bigint OR (%(campaign_id)s::bigint IS NULL AND c.status = 'sending'))
+), recent AS (
+    SELECT b.campaign_id, j.domain, count(*) AS sends
+    FROM delivery_attempts a
+    JOIN broadcast_jobs j ON j.id = a.job_id
+    JOIN broadcasts b ON b.id = a.broadcast_id
+    WHERE a.started_at >= now() - interval '1 minute'
+      AND (%(configured)s::boolean OR EXISTS (SELECT FROM rates))
+    GROUP BY b.campaign_id, j.domain
+)
+SELECT (SELECT coalesce(json_agg(json_build_object('campaign_id', r.campaign_id, 'send_rate', r.send_rate)), '[]')
+          FROM rates r) AS campaign_rates,
+       (SELECT coalesce(json_agg(json_build_object(
+                   'key', l.key, 'factor', l.factor,
+                   'halved_ago', extract(epoch FROM (SELECT t FROM clock) - l.factor_at)::float8)), '[]')
+          FROM pacing_limits l
+         WHERE l.key = ANY (%(keys)s::text[])
+            OR l.key IN (SELECT 'campaign:' || r.campaign_id FROM rates r)) AS factors,
+       (SELECT coalesce(json_agg(json_build_object('campaign_id', s.campaign_id, 'domain', s.domain, 'sends', s.sends)), '[]')
+          FROM recent s) AS recent;
 
 -- name: subscriber_by_email
 SELECT id AS subscriber_id, email, name, attributes FROM subscribers WHERE lower(email) = lower(%(email)s);
