@@ -292,7 +292,7 @@ class Senddock:
 
     def preview(self, campaign_id: int, *, email: str | None = None) -> tuple[Message, bytes]:
         """The campaign's message, rendered and signed for one subscriber (by default the first one
-        the campaign reaches), exactly as a worker would build it."""
+        the campaign reaches), exactly as a node's sender would build it."""
         from senddock.mail.templates import TemplateError
 
         with self._conn() as conn:

@@ -67,18 +67,21 @@ def send_message(
 ) -> SendResult | None:
     """Send one message through the active transport.
 
-    Called by a worker for each claimed job, after the fact that the send is starting has been
-    committed. No database transaction is open during the call.
+    Called by one of the node's sender threads (``concurrency`` of them) for each claimed job,
+    after the mark that the send may have begun has been committed. No database connection is held
+    and no transaction is open during the call, so it may block for as long as the relay takes to
+    answer (``send-test`` calls it too, for its one message).
 
     :param message: the job's message (recipient, campaign content, deterministic Message-ID).
     :param transport: the name of the active transport (``transport:`` in the config). A transport
         plugin answers only when this is one of its own names and returns None otherwise.
     :param config: the validated configuration; ``config.section("smtp")`` is a plugin's section.
-    :param worker_state: a dict private to the calling worker thread and kept across its sends;
-        store reusable resources (an SMTP connection) under a key of the plugin's own.
+    :param worker_state: a dict private to the calling sender thread and kept across its sends
+        (one per sender thread, so never shared between two sends at once); store reusable
+        resources (an SMTP connection) under a key of the plugin's own.
     :return: a :class:`~senddock.outcome.SendResult`. Return None to let other plugins decide; the
         first non-None result wins. Raising is allowed: the engine captures the exception as a
-        failed ``SendResult`` and classifies it, so a failing plugin fails a job, not a worker.
+        failed ``SendResult`` and classifies it, so a failing plugin fails a job, not a sender.
     """
 
 
@@ -177,7 +180,7 @@ def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
     ``breaker.probe_max_interval``), while a campaign is paused for relay trouble: a run of
     ``transport.max_consecutive_failures`` failures that were all ``relay_trouble`` (no connection,
     timeouts, the relay's own X.3/X.4 replies). The campaign resumes by itself once a probe
-    succeeds. Called from the engine's prober thread, outside any worker and any transaction.
+    succeeds. Called from the engine's prober thread, outside any send and any transaction.
 
     :param transport: the active transport's name; answer only for one of your own.
     :param config: the validated configuration.
@@ -192,11 +195,12 @@ def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
 
 @hookspec
 def worker_stopped(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
-    """Release what a plugin kept in a worker's state (an open SMTP connection).
+    """Release what a plugin kept in a sender thread's state (an open SMTP connection).
 
-    Called once by each worker thread as it stops, whether it stops cleanly or after an error.
+    Called once by each sender thread of ``senddock run`` as it stops (``concurrency`` calls per
+    node), whether it stops cleanly or after an error, and by ``send-test`` after its one send.
 
-    :param worker_state: the dict the worker passed to every ``send_message`` call.
+    :param worker_state: the dict that thread passed to every ``send_message`` call.
     :param config: the validated configuration.
     :return: nothing; return values are ignored.
     """

@@ -15,7 +15,7 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
     """Logs go to stderr, so stdout carries only command results.
 
     On a terminal each line is written at once. JSON lines (for machines) are buffered and flushed
-    every 200 ms: writing and flushing one line per send from several worker threads costs more
+    every 200 ms: writing and flushing one line per send from a node's threads costs more
     than the send's own database work. A kill -9 can lose the last fraction of a second of log
     lines; the delivery log in the database (delivery_attempts) loses nothing.
     """

@@ -293,7 +293,7 @@ def send_campaign(conn: psycopg.Connection, campaign_id: int, send_at: datetime 
 
     Only active subscribers of the campaign's lists whose address is not suppressed are enqueued;
     the rest are counted as skipped. With nobody to enqueue nothing changes (InvalidState): the
-    campaign stays a draft. Workers are woken with NOTIFY when the transaction commits.
+    campaign stays a draft. Nodes are woken with NOTIFY when the transaction commits.
     """
     with conn.transaction():
         locked = conn.execute(query("campaign_lock"), {"campaign_id": campaign_id}).fetchone()

@@ -82,7 +82,7 @@ class Database:
     @property
     def pool(self) -> ConnectionPool:
         """The pool, opened on first use. Checked again under the lock: threads asking at once
-        (``serve``'s first requests, a runner's workers) must share one pool, not each open one."""
+        (``serve``'s first requests, a runner's claimer, completer and chores) must share one pool, not each open one."""
         pool = self._pool
         if pool is None:
             with self._pool_lock:

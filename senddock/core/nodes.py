@@ -1,7 +1,7 @@
 """A node: one incarnation of `senddock run`, and its lifeline to the database.
 
 The lifeline is one dedicated, unpooled connection that holds the incarnation's session advisory
-lock (so others can prove it dead), heartbeats, and LISTENs for new work. Workers ask it whether
+lock (so others can prove it dead), heartbeats, and LISTENs for new work. The claimer and the senders ask it whether
 the node may still send: a node cut off from Postgres stops sending before anyone can take its jobs.
 """
 
@@ -70,7 +70,7 @@ class Lifeline(threading.Thread):
         # database.direct_dsn names a direct one.
         self._dsn = config.database.direct_dsn or db.dsn
 
-    # -- what workers ask ----------------------------------------------------------------------
+    # -- what the claimer, the senders and the completer ask -----------------------------------
 
     def may_send(self) -> bool:
         """False while the lifeline's lock is not held, and once the last good heartbeat is older
@@ -122,8 +122,8 @@ class Lifeline(threading.Thread):
 
     def _serve(self, conn: psycopg.Connection) -> None:
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.
-        # Workers compare it with theirs: a change means results may be lost even where their own
-        # connections never broke (behind a pooler).
+        # The completer compares it with its own: a change means results may be lost even where its
+        # connection never broke (behind a pooler).
         self.epoch = ensure_epoch(conn).id
         name = claim_name(conn, self.node.name or None, node_id=self.node.id, lock_class=LOCK_CLASS,
                           lease=self._lease, stopping=self._stop_event, reconnecting=self.lock_id is not None)

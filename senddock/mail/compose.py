@@ -1,7 +1,7 @@
 """From a queued job to the Message handed to ``send_message``: templates rendered for the
 recipient, list and unsubscribe headers, the DKIM signer.
 
-Shared by the workers, ``campaign preview``, ``campaign send``'s sample check and ``send-test``, so
+Shared by the senders of ``senddock run``, ``campaign preview``, ``campaign send``'s sample check and ``send-test``, so
 all four produce the same message for the same subscriber.
 """
 

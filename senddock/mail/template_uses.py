@@ -3,7 +3,7 @@
 ``campaign create`` uses it to refuse a variable that can never exist, and ``campaign send`` to
 know which subscriber attributes every recipient must have. It errs towards silence: a use it
 cannot judge (a name the template defines itself, an index computed at render time) is left to the
-render, which is still checked for a sample of recipients and by the workers.
+render, which is still checked for a sample of recipients and by the senders.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def parse_provider_event(document: Mapping[str, Any]) -> list[ProviderEvent] | N
 
 @hookimpl
 def worker_stopped(worker_state: MutableMapping[str, Any]) -> None:
-    # A client exists only if this worker sent through the transport, which loaded the module.
+    # A client exists only if this sender thread sent through the transport, which loaded the module.
     _transport = sys.modules.get("senddock_ses_like.transport")
     if _transport is not None:
         _transport.close(worker_state)

@@ -2,7 +2,7 @@
 
 The Raw content is the very MIME message the SMTP transport sends (``senddock.mail.mime``): same
 headers, same Message-ID, same DKIM signature, so switching transports changes nothing the
-recipient sees. One client per worker, kept in ``worker_state`` (botocore clients are cheap to
+recipient sees. One client per sender thread, kept in ``worker_state`` (botocore clients are cheap to
 reuse and hold a connection pool). The client's own retries are off: senddock's backoff is the
 one that counts, and a retry inside the client would hide an in-doubt send.
 """

@@ -1,6 +1,6 @@
 """Sending over SMTP with smtplib, phase by phase, so a classifier knows what the server refused.
 
-One connection per worker, kept in ``worker_state`` and reused for many messages: re-opened after
+One connection per sender thread, kept in ``worker_state`` and reused for many messages: re-opened after
 ``max_messages_per_connection``, after a 421 and after any connection error; RSET after a failed
 transaction. ``timeout`` bounds the connect and every command (smtplib sets it on the socket).
 """
