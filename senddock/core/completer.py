@@ -121,8 +121,13 @@ class Completer(threading.Thread):
             try:
                 with self._db.connection() as conn:
                     queue = self._queue_for_conn(conn)
-                    self._epoch = ensure_epoch(conn).id
+                    epoch = ensure_epoch(conn).id
                     self._settle(queue)
+                    if self._epoch is not None and epoch != self._epoch:
+                        # The server lost WAL while this connection was down (the lifeline may
+                        # have seen the new epoch first): check the results it may have lost.
+                        self._server_lost_wal(queue, epoch)
+                    self._epoch = epoch
                     backoff = 0.1
                     if self._loop(queue):
                         self._let_go()
@@ -145,7 +150,7 @@ class Completer(threading.Thread):
         while True:
             group, closed = self._collect()
             if self._lifeline.epoch is not None and self._lifeline.epoch != self._epoch:
-                self._server_lost_wal(queue)
+                self._server_lost_wal(queue, self._lifeline.epoch)
             if group:
                 self._commit(queue, group)
             if self._touched and self._queue_dry():
@@ -226,11 +231,11 @@ class Completer(threading.Thread):
         recorded = self._commit_missing(queue, [d.row for d in results])
         self._done(group, recorded, False, queue)
 
-    def _server_lost_wal(self, queue: Queue) -> None:
+    def _server_lost_wal(self, queue: Queue, epoch) -> None:
         """The lifeline saw a new server epoch: results committed asynchronously may be gone even
         though this connection never broke (a pooler in transaction mode keeps the client side of
         it open across a Postgres crash). Check them and commit the missing ones again."""
-        self._epoch = self._lifeline.epoch
+        self._epoch = epoch
         with self._lock:
             unsure, self._unsure = self._unsure, []
         if not unsure:

@@ -61,9 +61,10 @@ class Runner:
         self.concurrency = workers or config.concurrency
         pool_size = config.database.pool_size
         if pool_size < MIN_POOL_SIZE:
-            raise ConfigError(f"database.pool_size: {pool_size} is too few connections for `senddock run`: it "
-                              f"needs at least {MIN_POOL_SIZE} (the lifeline, the claimer, the completer, the "
-                              "chores), whatever its concurrency")
+            source = config.path or "<defaults>"
+            raise ConfigError([f"{source}::$.database.pool_size: {pool_size} is too few connections for "
+                               f"`senddock run`: it needs at least {MIN_POOL_SIZE} (the lifeline, the claimer, "
+                               "the completer, the chores), whatever its concurrency"])
         # Every connection of the node, the lifeline's included, fits in database.pool_size at any
         # concurrency: sends hold no connection.
         self.db = db or Database(config.database, application_name="senddock-run", pool_size=pool_size - 1)

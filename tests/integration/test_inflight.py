@@ -139,3 +139,16 @@ def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate
     assert len(in_doubt) <= kills * concurrency
     print(f"kills={kills} in doubt after each={in_doubt_after} in_doubt={len(in_doubt)} twice={len(twice)}")
     app.close()
+
+
+def test_run_refuses_a_pool_too_small_for_its_parts(make_config):
+    import pytest
+
+    from senddock.core.runner import Runner
+    from senddock.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        Runner(make_config(fast_settings(database={"pool_size": 3})))
+    [line] = refused.value.errors
+    assert line.endswith("::$.database.pool_size: 3 is too few connections for `senddock run`: it needs at "
+                         "least 4 (the lifeline, the claimer, the completer, the chores), whatever its concurrency")
