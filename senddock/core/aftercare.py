@@ -19,7 +19,7 @@ import structlog
 from senddock.config import Config
 from senddock.core.breaker import FailureRuns
 from senddock.core.db import Database
-from senddock.core.queue import Queue, Recorded, ResultRow
+from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
 from senddock.core.suppressions import Suppressions
 from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef
 
@@ -47,6 +47,7 @@ class Committed:
     row: ResultRow
     verdict: Classification
     recorded: Recorded
+    hold_hooks: bool = False  # a bounce whose hooks wait for a person (the bounce-rate breaker tripped)
     hooks_ran: bool = False  # its on_bounced hooks ran (set here; read if it must be committed again)
 
 
@@ -116,7 +117,11 @@ class Aftercare(threading.Thread):
         self.stats.count(outcome.outcome if recorded.recorded else "claim_lost")
         if outcome.bounce:
             # Even under a lost claim: the address is dead whoever owns the job now.
-            item.hooks_ran = self.bounced(self._bounce(item.row))
+            if item.hold_hooks:
+                with self._queue() as q:
+                    q.bounce_hold(job.id)  # its hooks wait until a person decides
+            else:
+                item.hooks_ran = self.run_bounce_hooks(self._bounce(item.row))
         if not recorded.recorded:
             return
         if outcome.outcome == "pause":
@@ -163,21 +168,17 @@ class Aftercare(threading.Thread):
                         resumes="when the relay answers a probe" if trip.auto_resume else "by `campaign resume`")
         self.failure_runs.forget(campaign_id)
 
-    def bounced(self, bounce: Bounce) -> bool:
-        """After a bounce is recorded: the bounce-rate breaker, then the hooks unless it holds them.
-        Returns whether the hooks ran."""
-        job = bounce.job
-        with self._queue() as q:
-            tripped, holding = q.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
-            if tripped:
-                self.failure_runs.forget(job.campaign_id)
-                log.warning("campaign_paused", campaign_id=job.campaign_id, reason="bounce_rate",
-                            resumes="by `campaign resume` (the bounces were real) or after "
-                                    "`campaign unsuppress --since-pause` (they were not)")
-            if holding:
-                q.bounce_hold(job.job_id)  # its hooks wait until a person decides
-                return False
-        return self.run_bounce_hooks(bounce)
+    def check_bounce(self, queue: Queue, job: ClaimedJob) -> bool:
+        """After a bounce is recorded: the bounce-rate breaker, on the completer's connection before
+        the slots go back (so no claim after the bounce that trips it takes more of the campaign).
+        Returns whether the bounce's hooks must wait for a person."""
+        tripped, holding = queue.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
+        if tripped:
+            self.failure_runs.forget(job.campaign_id)
+            log.warning("campaign_paused", campaign_id=job.campaign_id, reason="bounce_rate",
+                        resumes="by `campaign resume` (the bounces were real) or after "
+                                "`campaign unsuppress --since-pause` (they were not)")
+        return holding
 
     def run_bounce_hooks(self, bounce: Bounce) -> bool:
         """on_bounced for every plugin, outside any transaction; the pending row goes once all returned."""

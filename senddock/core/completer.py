@@ -193,8 +193,13 @@ class Completer(threading.Thread):
     def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue) -> None:
         """A group committed: the failure breaker, then slots back, claims settled (or held while
         unsure), aftercare fed."""
+        held: set[int] = set()
         for done in group:
-            if done.row is not None and recorded[done.job.id].recorded and done.row.result.outcome != "pause":
+            if done.row is None:
+                continue
+            if done.row.result.bounce and self._aftercare.check_bounce(queue, done.job):
+                held.add(done.job.id)
+            if recorded[done.job.id].recorded and done.row.result.outcome != "pause":
                 self._aftercare.track_failures(queue, done.job.campaign_id, done.verdict)
         throttled = [d.job for d in group if d.verdict is not None and slows_pacing(d.verdict)]
         if throttled:
@@ -209,7 +214,7 @@ class Completer(threading.Thread):
                 self._claims.settle(done.job.claim_token)
                 continue
             self._touched.add(done.job.broadcast_id)
-            item = Committed(done.row, done.verdict, recorded[done.job.id])
+            item = Committed(done.row, done.verdict, recorded[done.job.id], hold_hooks=done.job.id in held)
             if unsure and item.recorded.recorded:
                 with self._lock:
                     self._unsure.append((seq, item))
@@ -228,7 +233,7 @@ class Completer(threading.Thread):
         if back:
             queue.release(back)
         results = [d for d in group if d.row is not None]
-        recorded = self._commit_missing(queue, [d.row for d in results])
+        recorded, _ = self._commit_missing(queue, [d.row for d in results])
         self._done(group, recorded, False, queue)
 
     def _server_lost_wal(self, queue: Queue, epoch) -> None:
@@ -241,22 +246,25 @@ class Completer(threading.Thread):
         if not unsure:
             return
         log.warning("server_epoch_changed", results=len(unsure))
-        self._commit_missing(queue, [c.row for _, c in unsure])
+        _, again = self._commit_missing(queue, [c.row for _, c in unsure])
         for _, item in unsure:
+            if item.row.result.bounce and item.hooks_ran and item.row.job.id in again:
+                queue.bounce_done(item.row.job.id)  # its pending hooks row came back with it: they ran
             self._claims.settle(item.row.job.claim_token)
 
-    def _commit_missing(self, queue: Queue, rows: list[ResultRow]) -> dict[int, Recorded]:
-        """Commit again, synchronously, the results the database does not have."""
+    def _commit_missing(self, queue: Queue, rows: list[ResultRow]) -> tuple[dict[int, Recorded], set[int]]:
+        """Commit again, synchronously, the results the database does not have. Returns what each
+        row's result did, and the jobs whose results were committed again."""
         if not rows:
-            return {}
+            return {}, set()
         there = queue.results_recorded(rows)
         missing = [r for r in rows if r.job.id not in there]
         again = queue.record_results(missing, synchronous=True) if missing else {}
         for row in missing:
             log.warning("result_committed_again", job_id=row.job.id, outcome=row.result.outcome,
                         claim_lost=not again[row.job.id].recorded)
-        return {**{job_id: Recorded(recorded=not claim_lost, late_sent=False) for job_id, claim_lost in there.items()},
-                **again}
+        found = {job_id: Recorded(recorded=not claim_lost, late_sent=False) for job_id, claim_lost in there.items()}
+        return {**found, **again}, set(again)
 
     def _let_go(self) -> None:
         """On the way out: results still unsure are left to the server (recovery marks their jobs
