@@ -119,9 +119,12 @@ def run_pgqueuer(python: Path, dsn: str, jobs: int, workers: int, batch: int) ->
 
 
 def measure(dsn: str, jobs: int, workers: int, concurrency: int, batch: int, folder: Path, result_commit: str,
-            pgqueuer: Path | None = None, pgqueuer_batch: int = 10) -> dict:
+            pgqueuer: Path | None = None, pgqueuer_batch: int = 10, claim_batch: int | None = None) -> dict:
+    engine = engine_settings(concurrency, claim_batch=claim_batch)
+    if "workers" in engine and claim_batch is None:
+        engine = engine_settings(concurrency, claim_batch=batch)  # one thread per send: claim as the bare loop
     config = bench_config(dsn, folder, {"transport": "instant", "plugins": {"load": ["senddock_bench_plugins"]},
-                                        **engine_settings(concurrency, claim_batch=batch), "poll_interval": "100ms",
+                                        **engine, "poll_interval": "100ms",
                                         "database": {"result_commit": result_commit}})
     fill_list(dsn, jobs)
     rates: dict[str, float] = {}
@@ -166,7 +169,8 @@ def measure(dsn: str, jobs: int, workers: int, concurrency: int, batch: int, fol
     def cpu_ratio(kind: str) -> float | None:
         return round(cpu["senddock", kind] / cpu["bare", kind], 2) if ("bare", kind) in cpu else None
 
-    row = {"jobs": jobs, "workers": workers, "concurrency": concurrency, "claim_batch": batch,
+    row = {"jobs": jobs, "workers": workers, "concurrency": concurrency, "bare_claim_batch": batch,
+           "senddock_claim_batch": engine.get("claim_batch", "default"),
            "result_commit": result_commit,
            "bare_jobs_per_s": round(rates["bare"]), "senddock_jobs_per_s": round(rates["senddock"]),
            "ratio": round(rates["senddock"] / rates["bare"], 2),
@@ -187,8 +191,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=None,
                         help="senddock's sends in flight (config concurrency, or workers on an install without "
                              "it); default: --workers")
-    parser.add_argument("--batch", type=int, default=10,
-                        help="claim batch of the bare loop, and senddock's claim_batch where the config has it")
+    parser.add_argument("--batch", type=int, default=10, help="claim batch of the bare loop")
+    parser.add_argument("--claim-batch", type=int, default=None,
+                        help="senddock's claim_batch (default: its own default, never more than its free send "
+                             "slots; --batch on an install whose senddock runs one thread per send)")
     parser.add_argument("--pgqueuer", action="store_true",
                         help="also run bench/pgqueuer_drain.py (batch 10) in the same alternation, from its own "
                              "virtualenv (--pgqueuer-venv, made with pgqueuer 1.6 + asyncpg when missing)")
@@ -203,7 +209,8 @@ def main() -> None:
     configure_logging(args.log, "json")
     with tempfile.TemporaryDirectory() as folder, scratch_database(admin_dsn(args)) as dsn:
         row = measure(dsn, args.jobs, args.workers, args.concurrency or args.workers, args.batch, Path(folder),
-                      args.result_commit, pgqueuer_python(args.pgqueuer_venv) if args.pgqueuer else None)
+                      args.result_commit, pgqueuer_python(args.pgqueuer_venv) if args.pgqueuer else None,
+                      claim_batch=args.claim_batch)
     print(f"senddock {row['senddock_jobs_per_s']:,} jobs/s vs bare loop {row['bare_jobs_per_s']:,} jobs/s: "
           f"ratio {row['ratio']}x (target >= 1.0)")
     if "pgqueuer_jobs_per_s" in row:
