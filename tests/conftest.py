@@ -33,6 +33,14 @@ class CliResult:
 
 
 @pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    """A config file with warnings-only logging (test files that need another one define their own)."""
+    path = tmp_path / "senddock.yaml"
+    path.write_text("logging:\n  level: warning\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], database_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
     """Run the senddock CLI in-process on this test's database."""
     monkeypatch.setenv("SENDDOCK_DATABASE_URL", database_dsn)

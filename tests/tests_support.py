@@ -172,3 +172,29 @@ def asgi_request(app, method: str, path: str, body: bytes = b"", headers=()) -> 
 
     asyncio.run(app(scope, receive, send))
     return sent
+
+
+def kill_while_sending(config_path: Path, database_dsn: str, node_name: str, *, rounds: int, progress: int,
+                       most_pause: float, seed: int, finished=None, after_each=None) -> int:
+    """Start a node ``rounds`` times and kill -9 it while it sends: once it has sent ``progress``
+    more jobs, after a random pause of up to ``most_pause`` s. ``after_each()`` runs after each
+    death; ``finished()`` ends the rounds early. Returns how many kills there were."""
+    import random
+    import signal
+
+    rng = random.Random(seed)
+    kills = 0
+    for _ in range(rounds):
+        before = sent_count(database_dsn)
+        node = start_node(config_path, database_dsn, node_name)
+        wait_for(lambda: sent_count(database_dsn) > before + progress or node.poll() is not None, 60, "progress")
+        time.sleep(rng.uniform(0.0, most_pause))
+        if node.poll() is None:
+            node.send_signal(signal.SIGKILL)
+            kills += 1
+        node.wait(30)
+        if after_each is not None:
+            after_each()
+        if finished is not None and finished():
+            break
+    return kills

@@ -64,7 +64,7 @@ class Pacer:
 
     def throttled(self, keys: Sequence[str]) -> dict[str, float]:
         """A provider throttled sends under the limits ``keys`` (for a send, the one
-        senddock.pacing.adaptive.throttled_limit names): halve each, unless it was halved less than
+        senddock.pacing.limits.throttled_limit names): halve each, unless it was halved less than
         ``hold`` ago. One statement for a whole batch of results. Returns the limits halved, with
         their new factor; nothing when adaptive pacing is off."""
         if self.adaptive is None or not keys:

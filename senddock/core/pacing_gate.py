@@ -21,8 +21,7 @@ import structlog
 
 from senddock.core.pacer import Pacer
 from senddock.core.queue import ClaimedJob, Queue
-from senddock.pacing.adaptive import throttled_limit
-from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for
+from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for, throttled_limit
 from senddock.pacing.rates import Rate, parse_campaign_rate
 
 log = structlog.get_logger(__name__)

@@ -11,7 +11,7 @@ Recovery needs no writer: the factor in force at time t is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,6 @@ from senddock.durations import parse_duration
 
 if TYPE_CHECKING:  # limits.py reads the settings from here: no import back at run time
     from senddock.outcome import Classification
-    from senddock.pacing.limits import Limit
 
 
 @dataclass(frozen=True)
@@ -60,14 +59,6 @@ def adaptive_problems(value: bool | Mapping[str, Any]) -> list[tuple[str, str]]:
         return [("$.pacing.adaptive.recovery", f"{value['recovery']!r} is no time to recover in: "
                  "give the time to climb from nothing back to the configured rate, e.g. 100s")]
     return []
-
-
-def throttled_limit(limits: Sequence[Limit]) -> Limit | None:
-    """The limit a throttling reply to a send under ``limits`` slows down: the recipient's domain
-    group when it has a rate (one slow provider must not slow the others), else the transport's,
-    else the global one. Never a campaign's own rate: a provider throttles senders, not campaigns."""
-    by_kind = {limit.key.partition(":")[0]: limit for limit in limits}
-    return by_kind.get("domain") or by_kind.get("transport") or by_kind.get("global")
 
 
 def slows_pacing(verdict: Classification) -> bool:

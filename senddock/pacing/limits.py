@@ -7,7 +7,7 @@ Every limit has a key, shared by all nodes through the limiter's table (``pacing
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +70,14 @@ def limits_for(
     if campaign_id is not None and campaign_rate is not None:
         limits.append(Limit(f"campaign:{campaign_id}", campaign_rate))
     return tuple(limits)
+
+
+def throttled_limit(limits: Sequence[Limit]) -> Limit | None:
+    """The limit a throttling reply to a send under ``limits`` slows down: the recipient's domain
+    group when it has a rate (one slow provider must not slow the others), else the transport's,
+    else the global one. Never a campaign's own rate: a provider throttles senders, not campaigns."""
+    by_kind = {limit.key.partition(":")[0]: limit for limit in limits}
+    return by_kind.get("domain") or by_kind.get("transport") or by_kind.get("global")
 
 
 def recipient_domain(email: str) -> str:

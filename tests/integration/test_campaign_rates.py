@@ -23,13 +23,6 @@ GRAMMAR = "write N/s, N/min, N/h or N/day, e.g. 20/s"
 
 
 @pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "senddock.yaml"
-    path.write_text("logging:\n  level: warning\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture
 def create(cli, config_file: Path, tmp_path: Path):
     """`campaign create` to a list of three, with extra options; the CLI's result."""
     assert cli("lists", "create", "news", "-c", config_file).exit_code == 0

@@ -15,13 +15,6 @@ import pytest
 
 
 @pytest.fixture
-def config_file(tmp_path: Path) -> Path:
-    path = tmp_path / "senddock.yaml"
-    path.write_text("logging:\n  level: warning\n", encoding="utf-8")
-    return path
-
-
-@pytest.fixture
 def body(tmp_path: Path) -> Path:
     path = tmp_path / "body.txt"
     path.write_text("Hello {{ subscriber.name }}", encoding="utf-8")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import signal
 import time
 from collections import Counter
@@ -12,7 +11,7 @@ import pytest
 
 from senddock.api import Senddock
 from senddock.testing import fast_settings
-from tests_support import make_broadcast, sent_count, start_node, wait_for, write_config
+from tests_support import kill_while_sending, make_broadcast, sent_count, start_node, wait_for, write_config
 
 
 def test_kill_9_at_random_moments_loses_nothing(make_config, database_dsn, smtp_sink, tmp_path: Path):
@@ -21,20 +20,10 @@ def test_kill_9_at_random_moments_loses_nothing(make_config, database_dsn, smtp_
     emails = [f"user{i}@example.com" for i in range(2000)]
     campaign_id = make_broadcast(app, emails)
     config_path = write_config(tmp_path, settings)
-    rng = random.Random(20261202)
-    kills = 0
-    for _ in range(5):
-        before = sent_count(database_dsn)
-        node = start_node(config_path, database_dsn, "crashy")
-        # Kill while it is sending: after it has made some progress, at a random moment.
-        wait_for(lambda: sent_count(database_dsn) > before + 20 or node.poll() is not None, 60, "progress")
-        time.sleep(rng.uniform(0.0, 0.4))
-        if node.poll() is None:
-            node.send_signal(signal.SIGKILL)
-            kills += 1
-        node.wait(30)
-        if app.campaign_status(campaign_id).status == "finished":
-            break
+    # Kill while it is sending: after it has made some progress, at a random moment.
+    kills = kill_while_sending(config_path, database_dsn, "crashy", rounds=5, progress=20, most_pause=0.4,
+                               seed=20261202,
+                               finished=lambda: app.campaign_status(campaign_id).status == "finished")
     assert kills >= 3, "the broadcast finished before it could be killed often enough; make it bigger"
     final = start_node(config_path, database_dsn, "crashy", "--exit-when-idle")
     _, stderr = final.communicate(timeout=120)

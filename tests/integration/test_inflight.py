@@ -3,8 +3,6 @@ kill -9 with hundreds of sends in flight."""
 
 from __future__ import annotations
 
-import random
-import signal
 import threading
 import time
 import uuid
@@ -16,7 +14,7 @@ import psycopg
 from senddock.api import Senddock
 from senddock.core.queue import JobResult, Queue, ResultRow
 from senddock.testing import drain, fast_settings
-from tests_support import make_broadcast, register, sent_count, start_node, wait_for, write_config
+from tests_support import kill_while_sending, make_broadcast, register, start_node, write_config
 
 SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True, last_result="250 ok")
 RETRY = JobResult(status="retry", outcome="retry", counts=True, delay=60, last_result="451 try later")
@@ -104,22 +102,16 @@ def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate
     emails = [f"user{i}@example.com" for i in range(4000)]
     campaign_id = make_broadcast(app, emails)
     config_path = write_config(tmp_path, settings)
-    rng = random.Random(20261203)
     in_doubt_after: list[int] = []
-    kills = 0
-    for _ in range(3):
-        before = sent_count(database_dsn)
-        node = start_node(config_path, database_dsn, "crowded")
-        wait_for(lambda: sent_count(database_dsn) > before + 300 or node.poll() is not None, 60, "progress")
-        time.sleep(rng.uniform(0.0, 0.3))
-        if node.poll() is None:
-            node.send_signal(signal.SIGKILL)
-            kills += 1
-        node.wait(30)
+
+    def count_in_doubt() -> None:
         with psycopg.connect(database_dsn) as conn:
             # What the next incarnation will find in doubt: begun and not recorded.
             in_doubt_after.append(conn.execute(
                 "SELECT count(*) FROM broadcast_jobs WHERE status = 'sending' AND send_begun").fetchone()[0])
+
+    kills = kill_while_sending(config_path, database_dsn, "crowded", rounds=3, progress=300, most_pause=0.3,
+                               seed=20261203, after_each=count_in_doubt)
     assert kills >= 2, "the broadcast finished before it could be killed; make it bigger"
     final = start_node(config_path, database_dsn, "crowded", "--exit-when-idle")
     _, stderr = final.communicate(timeout=180)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from senddock.outcome import Classification, Outcome
-from senddock.pacing.adaptive import Adaptive, slows_pacing, throttled_limit
+from senddock.pacing.adaptive import Adaptive, slows_pacing
+from senddock.pacing.limits import throttled_limit
 from senddock.pacing.limits import limits_for
 from senddock.pacing.rates import parse_rate
 from test_pacing import ISSUE_EXAMPLE, config_errors, pacing_of
