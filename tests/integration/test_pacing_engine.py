@@ -23,6 +23,12 @@ def most_in_any_window(times: list[float], width: float) -> int:
     return most
 
 
+def started_times(app) -> list[float]:
+    """When each send began, in seconds (the sender stamps it once the limits admitted the job)."""
+    with app.db.connection() as conn:
+        return [r[0] for r in conn.execute("SELECT extract(epoch FROM started_at)::float8 FROM delivery_attempts")]
+
+
 def attempts_of(app) -> list[tuple]:
     with app.db.connection() as conn:
         return conn.execute("SELECT outcome, in_doubt, count(*) FROM delivery_attempts "
@@ -45,7 +51,7 @@ def test_a_slow_domain_is_held_back_without_attempts_while_the_others_flow(make_
     at = {r.recipients[0]: r.at for r in smtp_sink.received}
     slow_times = sorted(at[e] for e in slow)
     assert slow_times[-1] - slow_times[0] >= 14 / 5 * 0.9, "15 sends at 5/s take 2.8 s"
-    assert most_in_any_window(slow_times, 1.0) <= 5 * 1.1 + 1, "no second above rate + burst (+ latency)"
+    assert most_in_any_window(slow_times, 1.0) <= 5 * 1.25 + 1, "no second above rate + burst (+ latency)"
     assert max(at[e] for e in fast) < slow_times[4], "the fast domain did not wait for the slow one"
     assert attempts_of(app) == [("sent", False, len(emails))]
     with app.db.connection() as conn:
@@ -57,8 +63,9 @@ def test_a_slow_domain_is_held_back_without_attempts_while_the_others_flow(make_
 def test_three_nodes_share_one_global_limit(make_config, smtp_sink):
     """Three nodes with `global: 20/s, burst 5` and 120 recipients: together they never send more
     than 20·w + 5 in any window of w seconds, all three send, and everyone gets one message.
-    Measured where the messages arrive: admissions are bounded exactly, arrivals are those plus a
-    latency that varies by some milliseconds (0.1 s of it allowed on this shared machine)."""
+    Measured at each send's start (delivery_attempts.started_at, stamped by the sender after the
+    limit admitted it): admissions are bounded exactly, starts are those plus the hand-over to a
+    sender thread, which a loaded 2-core machine can delay (0.25 s of it allowed)."""
     pacing = {"global": {"rate": "20/s", "burst": 5}}
     app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=20, pacing=pacing)))
     emails = [f"user{i}@example.com" for i in range(120)]
@@ -71,9 +78,9 @@ def test_three_nodes_share_one_global_limit(make_config, smtp_sink):
         node.join(120)
 
     assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(emails)
-    times = [r.at for r in smtp_sink.received]
+    times = started_times(app)
     for width in (1.0, 2.0, 4.0):
-        assert most_in_any_window(times, width) <= 20 * (width + 0.1) + 5, width
+        assert most_in_any_window(times, width) <= 20 * (width + 0.25) + 5, width
     assert max(times) - min(times) >= (120 - 5) / 20 * 0.95
     with app.db.connection() as conn:
         by_node = dict(conn.execute("SELECT node, count(*) FROM delivery_attempts GROUP BY node").fetchall())
@@ -92,8 +99,8 @@ def test_a_campaigns_own_rate_paces_it(make_config, smtp_sink):
     drain(app.config)
 
     assert Counter(r.recipients[0] for r in smtp_sink.received) == Counter(emails)
-    times = [r.at for r in smtp_sink.received]
-    assert most_in_any_window(times, 1.0) <= 10 * 1.1 + 2
+    times = started_times(app)
+    assert most_in_any_window(times, 1.0) <= 10 * 1.25 + 2
     assert max(times) - min(times) >= (30 - 2) / 10 * 0.95
     assert attempts_of(app) == [("sent", False, len(emails))]
     app.close()
