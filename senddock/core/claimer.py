@@ -116,8 +116,9 @@ class Claimer(threading.Thread):
             jobs = queue.claim(wanted, token, begun=marks_begun)
             claimed_at = time.monotonic()
             if jobs:
-                # A synchronous commit: results committed asynchronously before it are durable now.
-                self._completer.covered(flushes)
+                # A synchronous commit: results committed asynchronously before it, in the same
+                # server epoch, are durable now.
+                self._completer.covered(flushes, jobs[0].claim_epoch)
             for job in jobs:
                 if job.suppressed:
                     log.info("job_suppressed", job_id=job.id, broadcast_id=job.broadcast_id)

@@ -80,7 +80,8 @@ class Completer(threading.Thread):
         self._lock = threading.Lock()
         # Commits so far; results committed asynchronously, with the commit that carried them.
         self._flushes = 0
-        self._unsure: list[tuple[int, Committed]] = []
+        # (commit number, the server epoch it was committed in, the result)
+        self._unsure: list[tuple[int, object, Committed]] = []
         self._failed: list[Done] = []  # a group whose commit's reply never came
         self._touched: set[int] = set()  # broadcasts with results since campaigns were last finished
         self._epoch = None
@@ -99,12 +100,14 @@ class Completer(threading.Thread):
         with self._lock:
             return self._flushes
 
-    def covered(self, flushes: int) -> None:
-        """A synchronous commit that began after commit number ``flushes`` returned: the WAL is on
-        disk past it, so every result committed up to then is durable."""
+    def covered(self, flushes: int, epoch) -> None:
+        """A synchronous commit in server epoch ``epoch`` that began after commit number ``flushes``
+        returned: the WAL is on disk past it, so every result committed up to then *in the same
+        epoch* is durable. One committed before a loss of WAL is not: a claim right after a crash
+        must not vouch for it (the completer checks those, see _server_lost_wal)."""
         with self._lock:
-            done = [c for seq, c in self._unsure if seq <= flushes]
-            self._unsure = [(seq, c) for seq, c in self._unsure if seq > flushes]
+            done = [c for seq, e, c in self._unsure if seq <= flushes and e == epoch]
+            self._unsure = [(seq, e, c) for seq, e, c in self._unsure if not (seq <= flushes and e == epoch)]
         for item in done:
             self._claims.settle(item.row.job.claim_token)
 
@@ -217,7 +220,7 @@ class Completer(threading.Thread):
             item = Committed(done.row, done.verdict, recorded[done.job.id], hold_hooks=done.job.id in held)
             if unsure and item.recorded.recorded:
                 with self._lock:
-                    self._unsure.append((seq, item))
+                    self._unsure.append((seq, self._epoch, item))
             else:
                 self._claims.settle(done.job.claim_token)
             self._aftercare.put(item)
@@ -246,8 +249,8 @@ class Completer(threading.Thread):
         if not unsure:
             return
         log.warning("server_epoch_changed", results=len(unsure))
-        _, again = self._commit_missing(queue, [c.row for _, c in unsure])
-        for _, item in unsure:
+        _, again = self._commit_missing(queue, [c.row for _, _, c in unsure])
+        for _, _, item in unsure:
             if item.row.result.bounce and item.hooks_ran and item.row.job.id in again:
                 queue.bounce_done(item.row.job.id)  # its pending hooks row came back with it: they ran
             self._claims.settle(item.row.job.claim_token)
@@ -271,5 +274,5 @@ class Completer(threading.Thread):
         in doubt if it lost them)."""
         with self._lock:
             unsure, self._unsure = self._unsure, []
-        for _, item in unsure:
+        for _, _, item in unsure:
             self._claims.settle(item.row.job.claim_token)

@@ -37,6 +37,7 @@ class ClaimedJob:
     domain: str = ""
     send_rate: str | None = None  # the campaign's own rate, if it has one
     send_begun: bool | None = None  # marked begun by the claim (None: a claim without marks)
+    claim_epoch: uuid.UUID | None = None  # the server epoch the claim committed in (async results only)
 
 
 @dataclass(frozen=True)

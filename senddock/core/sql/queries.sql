@@ -470,7 +470,7 @@ UPDATE broadcast_jobs j
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
           j.attempts, j.deferrals, j.claim_token,
           coalesce(extract(epoch FROM now() - j.first_attempt_at), 0)::float8 AS age, due.suppressed,
-          j.domain, due.send_rate, j.send_begun;
+          j.domain, due.send_rate, j.send_begun, j.claim_epoch;
 
 -- name: jobs_record_results
 -- The completer's group commit: the results of many sends in one statement and one commit (one
