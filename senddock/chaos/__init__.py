@@ -57,7 +57,7 @@ def run_chaos(options: Options, names: Sequence[str], *, logs: Path | None = Non
     with tempfile.TemporaryDirectory(prefix="senddock-chaos-") as scratch, throwaway_postgres() as server:
         folder = logs or Path(scratch)
         for name in names:
-            say(f"{name}: {options.recipients} recipients, 2 nodes x {options.workers} workers")
+            say(f"{name}: {options.recipients} recipients, 2 nodes x {options.workers} sends in flight")
             row = run_scenario(server, name, options, folder, say)
             say(f"{name}: {'PASS' if row.passed else 'FAIL'} in {row.seconds}s")
             rows.append(row)

@@ -42,7 +42,7 @@ def kills(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> No
     if row.faults < options.kills:
         row.problems.append(f"only {row.faults} of {options.kills} kills landed before the broadcast ended "
                             "(raise --recipients)")
-    row.allowed_duplicates = row.faults * options.workers  # at most one per worker per kill
+    row.allowed_duplicates = row.faults * options.workers  # at most `concurrency` in doubt per kill
     outcome = stage.await_end()
     row.details.update({"kills": row.faults, "jobs_in_flight_at_kills": sum(in_flight), "end": outcome})
     # Time to resume: from a restart (Popen) to the relay's first message sent by that incarnation.

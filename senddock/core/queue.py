@@ -42,7 +42,7 @@ class ClaimedJob:
 
 @dataclass(frozen=True)
 class JobResult:
-    """What the worker commits for one send."""
+    """What the completer commits for one send."""
 
     status: str  # the job's new status: sent, retry, failed, or pending/retry when put back (pause)
     outcome: str  # for the delivery log: sent, retry, bounce, fail, pause
@@ -203,7 +203,7 @@ class Queue:
         orphans_of: Sequence[uuid.UUID] | None = None,
     ) -> list[RecoveredJob]:
         """Return to the queue the jobs of dead incarnations and, when ``orphans_of`` is given (the
-        claim tokens this node's workers hold), this node's own jobs that no worker holds."""
+        claim tokens this node holds), this node's own jobs whose claims it no longer holds."""
         params = {
             "node_id": self.node.id,
             "name": self.node.name,
@@ -271,7 +271,7 @@ class Queue:
         return self.conn.execute(query("campaigns_start_scheduled")).fetchall()
 
     def cancel_leftovers(self) -> int:
-        """Fail the jobs workers put back after their campaign was cancelled."""
+        """Fail the jobs put back after their campaign was cancelled."""
         return len(self.conn.execute(query("campaign_cancel_leftovers")).fetchall())
 
     def due_work_exists(self) -> bool:

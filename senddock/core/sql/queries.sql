@@ -631,11 +631,11 @@ SELECT id FROM released;
 --    once when their lifeline lock is provably not held (and they held it on this server since
 --    its last start), anyone else's only once their heartbeat is older than the lease (database
 --    clock);
---  * with %(orphans)s, this live node's own jobs that no worker holds any more: a worker gave up
---    on its batch (its connection gone for longer than the lease, an unexpected error) or a
---    Postgres crash lost results committed asynchronously. Workers hold their batch's token from
---    before the claim commits, and a claim younger than a second is left alone: the token list
---    was read just before this statement.
+--  * with %(orphans)s, this live node's own jobs whose claim it no longer holds: a claim whose
+--    reply never came and the claimer could not put back, a node that gave up on results (its
+--    database gone too long), or a Postgres crash that lost results committed asynchronously. The
+--    claimer holds a claim's token from before the claim commits, and a claim younger than a
+--    second is left alone: the token list was read just before this statement.
 -- Re-checked inside this one statement: still 'sending', same claim, owner still gone or the
 -- batch still unheld. In doubt: the jobs marked send_begun (their send may have begun). For a
 -- batch claimed without marks (send_begun NULL: sent one at a time in id order), the lowest-id job
@@ -847,9 +847,8 @@ SELECT c.id, c.broadcast_id, c.bounce_window_from,
   FROM c;
 
 -- name: campaign_cancel
--- Unsent jobs are failed as cancelled; sent ones are untouched; in-flight sends finish (their
--- workers see the status and put back what they had not started, which campaign_cancel_leftovers
--- then fails too).
+-- Unsent jobs are failed as cancelled; sent ones are untouched; in-flight sends finish and are
+-- recorded (jobs put back meanwhile are failed by campaign_cancel_leftovers).
 WITH campaign AS (
     UPDATE campaigns SET status = 'cancelled', paused_reason = NULL, finished_at = now(), updated_at = now()
      WHERE id = %(campaign_id)s AND status IN ('draft', 'scheduled', 'sending', 'paused')
@@ -863,7 +862,7 @@ WITH campaign AS (
 SELECT c.id, (SELECT count(*) FROM cancelled) AS jobs FROM campaign c;
 
 -- name: campaign_cancel_leftovers
--- Jobs a worker put back after its campaign was cancelled (from the poll, and after a cancel).
+-- Jobs put back after their campaign was cancelled (from the poll, and after a cancel).
 UPDATE broadcast_jobs j SET status = 'failed', failure_reason = 'cancelled'
   FROM campaigns c
  WHERE c.status = 'cancelled' AND j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry')
