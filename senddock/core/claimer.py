@@ -83,9 +83,14 @@ class Claimer(threading.Thread):
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
         if self._unanswered is not None:
-            # Its jobs may be claimed: this node's orphan recovery (or the next incarnation) puts
-            # them back; none of them was handed to a sender.
-            self._claims.let_go(self._unanswered)
+            # Stopping with a claim whose reply never came: put it back on a fresh connection if
+            # the database answers (none of its jobs reached a sender), else leave it to recovery.
+            try:
+                with self._db.connection() as conn:
+                    self._put_back_unanswered(self._queue_for_conn(conn))
+            except psycopg.Error as exc:
+                log.warning("claim_left_to_recovery", error=error_line(exc))
+                self._claims.let_go(self._unanswered)
 
     def _put_back_unanswered(self, queue: Queue) -> None:
         """A claim (or its begin marks) whose reply never came: nothing of it reached a sender."""
@@ -137,6 +142,11 @@ class Claimer(threading.Thread):
             self.busy = False
             if not jobs or (unmarked and not begun):
                 self._wait_for_work(self._wait())
+
+    @property
+    def settling(self) -> bool:
+        """A claim whose reply never came is still to be put back: the node is not idle."""
+        return self._unanswered is not None
 
     @property
     def holding(self) -> bool:

@@ -228,8 +228,9 @@ class Completer(threading.Thread):
     # -- when a commit's fate is unknown ---------------------------------------------------------
 
     def _settle(self, queue: Queue) -> None:
-        """On a new connection: finish the group whose commit's reply never came."""
-        group, self._failed = self._failed, []
+        """On a new connection: finish the group whose commit's reply never came. It stays the
+        failed group until this succeeds: a connection lost again meanwhile must not lose it."""
+        group = self._failed
         if not group:
             return
         back = [d.job for d in group if d.row is None]
@@ -237,23 +238,29 @@ class Completer(threading.Thread):
             queue.release(back)
         results = [d for d in group if d.row is not None]
         recorded, _ = self._commit_missing(queue, [d.row for d in results])
+        self._failed = []
         self._done(group, recorded, False, queue)
 
     def _server_lost_wal(self, queue: Queue, epoch) -> None:
-        """The lifeline saw a new server epoch: results committed asynchronously may be gone even
-        though this connection never broke (a pooler in transaction mode keeps the client side of
-        it open across a Postgres crash). Check them and commit the missing ones again."""
-        self._epoch = epoch
+        """A new server epoch (the lifeline saw it, or this completer reconnected into it): results
+        committed asynchronously may be gone, even where this connection never broke (a pooler in
+        transaction mode keeps the client side of it open across a Postgres crash). Check them and
+        commit the missing ones again. They stay unsure, and the epoch the old one, until that
+        succeeds: this connection may be the dead one."""
         with self._lock:
-            unsure, self._unsure = self._unsure, []
-        if not unsure:
-            return
-        log.warning("server_epoch_changed", results=len(unsure))
-        _, again = self._commit_missing(queue, [c.row for _, _, c in unsure])
-        for _, _, item in unsure:
-            if item.row.result.bounce and item.hooks_ran and item.row.job.id in again:
-                queue.bounce_done(item.row.job.id)  # its pending hooks row came back with it: they ran
-            self._claims.settle(item.row.job.claim_token)
+            unsure = list(self._unsure)
+        if unsure:
+            log.warning("server_epoch_changed", results=len(unsure))
+            _, again = self._commit_missing(queue, [c.row for _, _, c in unsure])
+            for _, _, item in unsure:
+                if item.row.result.bounce and item.hooks_ran and item.row.job.id in again:
+                    queue.bounce_done(item.row.job.id)  # its pending hooks row came back with it: they ran
+            checked = {id(entry) for entry in unsure}
+            with self._lock:
+                self._unsure = [entry for entry in self._unsure if id(entry) not in checked]
+            for _, _, item in unsure:
+                self._claims.settle(item.row.job.claim_token)
+        self._epoch = epoch
 
     def _commit_missing(self, queue: Queue, rows: list[ResultRow]) -> tuple[dict[int, Recorded], set[int]]:
         """Commit again, synchronously, the results the database does not have. Returns what each

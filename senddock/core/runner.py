@@ -212,7 +212,8 @@ class Runner:
             yield self.queue(conn)
 
     def _busy(self) -> bool:
-        return bool(self.slots.in_use or (self.claimer and (self.claimer.busy or self.claimer.holding))
+        return bool(self.slots.in_use
+                    or (self.claimer and (self.claimer.busy or self.claimer.holding or self.claimer.settling))
                     or (self.completer and self.completer.pending) or self.aftercare.busy)
 
     def _idle(self) -> bool:
