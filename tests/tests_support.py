@@ -198,3 +198,17 @@ def kill_while_sending(config_path: Path, database_dsn: str, node_name: str, *, 
         if finished is not None and finished():
             break
     return kills
+
+
+def duplicates_and_in_doubt(app, sink, emails) -> tuple[set[str], set[str]]:
+    """After a broadcast with faults: every recipient got the message at least once (asserted);
+    returns who got it twice and who is listed in doubt in the delivery log."""
+    from collections import Counter
+
+    delivered = Counter(r.recipients[0] for r in sink.received)
+    assert set(delivered) == set(emails), "every recipient got the message at least once"
+    with app.db.connection() as conn:
+        in_doubt = {r[0] for r in conn.execute(
+            "SELECT DISTINCT j.email FROM delivery_attempts a JOIN broadcast_jobs j ON j.id = a.job_id "
+            "WHERE a.in_doubt")}
+    return {email for email, n in delivered.items() if n > 1}, in_doubt

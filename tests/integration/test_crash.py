@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from senddock.api import Senddock
 from senddock.testing import fast_settings
-from tests_support import kill_while_sending, make_broadcast, sent_count, start_node, wait_for, write_config
+from tests_support import duplicates_and_in_doubt, kill_while_sending, make_broadcast, sent_count, start_node, wait_for, write_config
 
 
 def test_kill_9_at_random_moments_loses_nothing(make_config, database_dsn, smtp_sink, tmp_path: Path):
@@ -31,13 +30,7 @@ def test_kill_9_at_random_moments_loses_nothing(make_config, database_dsn, smtp_
 
     status = app.campaign_status(campaign_id)
     assert (status.status, status.sent, status.failed) == ("finished", 2000, 0)
-    delivered = Counter(r.recipients[0] for r in smtp_sink.received)
-    assert set(delivered) == set(emails), "every recipient got the message at least once"
-    twice = {email for email, n in delivered.items() if n > 1}
-    with app.db.connection() as conn:
-        in_doubt = {r[0] for r in conn.execute(
-            "SELECT DISTINCT j.email FROM delivery_attempts a JOIN broadcast_jobs j ON j.id = a.job_id "
-            "WHERE a.in_doubt")}
+    twice, in_doubt = duplicates_and_in_doubt(app, smtp_sink, emails)
     assert twice <= in_doubt, f"duplicates not recorded as in doubt: {sorted(twice - in_doubt)[:5]}"
     print(f"kills={kills} in_doubt={len(in_doubt)} delivered_twice={len(twice)}")
     # A duplicate carries the same Message-ID, so receivers can de-duplicate.

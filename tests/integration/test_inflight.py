@@ -14,7 +14,7 @@ import psycopg
 from senddock.api import Senddock
 from senddock.core.queue import JobResult, Queue, ResultRow
 from senddock.testing import drain, fast_settings
-from tests_support import kill_while_sending, make_broadcast, register, start_node, write_config
+from tests_support import duplicates_and_in_doubt, kill_while_sending, make_broadcast, register, start_node, write_config
 
 SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True, last_result="250 ok")
 RETRY = JobResult(status="retry", outcome="retry", counts=True, delay=60, last_result="451 try later")
@@ -119,13 +119,7 @@ def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate
 
     status = app.campaign_status(campaign_id)
     assert (status.status, status.sent, status.failed) == ("finished", len(emails), 0)
-    delivered = Counter(r.recipients[0] for r in smtp_sink.received)
-    assert set(delivered) == set(emails), "every recipient got the message at least once"
-    twice = {email for email, n in delivered.items() if n > 1}
-    with app.db.connection() as conn:
-        in_doubt = {r[0] for r in conn.execute(
-            "SELECT DISTINCT j.email FROM delivery_attempts a JOIN broadcast_jobs j ON j.id = a.job_id "
-            "WHERE a.in_doubt")}
+    twice, in_doubt = duplicates_and_in_doubt(app, smtp_sink, emails)
     assert twice <= in_doubt, f"duplicates not recorded as in doubt: {sorted(twice - in_doubt)[:5]}"
     assert all(n <= concurrency for n in in_doubt_after), in_doubt_after
     assert len(in_doubt) <= kills * concurrency
