@@ -7,6 +7,20 @@ from functools import cache
 from importlib import resources
 
 _HEADER = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$", re.MULTILINE)
+# What may hide a "--" that is not a comment: a string ('...', '' inside), a quoted identifier
+# ("..."), a dollar-quoted body ($$...$$, $tag$...$tag$). A comment runs to the end of its line.
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|(\$\w*\$).*?\1|--[^\n]*", re.DOTALL)
+
+
+def without_comments(sql: str) -> str:
+    """``sql`` as sent: its ``--`` comments and indentation dropped, blank lines removed.
+
+    The comments are for readers of queries.sql. Sent, they would cost more than bytes: psycopg
+    caches its parse of a statement's placeholders only up to 4 KiB of text and parses longer ones
+    afresh at every call, which the claim and the result commit are (run hundreds of times a second).
+    """
+    text = _TOKEN.sub(lambda m: "" if m[0].startswith("--") else m[0], sql)
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 @cache
@@ -18,7 +32,7 @@ def all_queries() -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2]):
         if name in queries:
             raise RuntimeError(f"query {name!r} is defined twice in queries.sql")
-        queries[name] = body.strip().rstrip(";")
+        queries[name] = without_comments(body).rstrip(";")
     return queries
 
 

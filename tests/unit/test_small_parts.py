@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from senddock.core.queries import all_queries
+from senddock.core.queries import all_queries, without_comments
 from senddock.durations import format_duration, parse_duration
 from senddock.redact import MASK, redact, redact_dsn
 from senddock.sizes import format_size, parse_size
@@ -64,6 +64,20 @@ def test_every_named_query_is_used_and_every_used_query_exists():
     for path in PACKAGE.rglob("*.py"):
         used |= set(re.findall(r'query\("(\w+)"\)', path.read_text(encoding="utf-8")))
     assert used == set(all_queries())
+
+
+def test_queries_are_sent_without_comments_and_fit_psycopgs_parse_cache():
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    # Over this length psycopg parses a statement's placeholders again at every call.
+    too_long = {name: len(sql.encode()) for name, sql in all_queries().items()
+                if len(sql.encode()) > MAX_CACHED_STATEMENT_LENGTH}
+    assert not too_long, f"queries psycopg will not cache (bytes): {too_long}"
+
+
+def test_comment_stripping_keeps_what_only_looks_like_a_comment():
+    sql = "SELECT '--a' -- gone\n  , \"b--c\", $$ -- kept $$, $t$ x -- y $t$ -- gone too\nFROM t -- and this"
+    assert without_comments(sql) == "SELECT '--a'\n, \"b--c\", $$ -- kept $$, $t$ x -- y $t$\nFROM t"
 
 
 def test_every_package_is_listed_in_pyproject():
