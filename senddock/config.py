@@ -25,7 +25,7 @@ from senddock.config_file import config_folder, read_config
 from senddock.durations import is_duration, parse_duration
 from senddock.errors import ConfigError
 from senddock.pacing.limits import PacingSettings, pacing_problems, pacing_settings
-from senddock.redact import is_secret_key, redact
+from senddock.redact import MASK, is_secret_key, redact
 from senddock.retry import RetrySettings, retry_settings
 from senddock.sizes import is_size, parse_size
 
@@ -290,6 +290,8 @@ def load_config(
 
     _fill_defaults(schema, data, schema)
     errors = [f"{label}::{p}: {m}" for p, m in _semantic_errors(data, pm_build.transports)]
+    for found in pm_build.pm.hook.config_problems(config=data):
+        errors += [f"{label}::{p}: {m}" for p, m in found or ()]
     if errors:
         raise ConfigError(errors)
     return Config(
@@ -344,6 +346,11 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
             return _json_path(tuple(error.absolute_path) + (key,)), f"unknown key {key!r}{hint}"
+    if _is_secret_path(tuple(error.absolute_path)) and isinstance(error.instance, str):
+        # Whatever is wrong with a secret, its value is not printed.
+        if error.validator == "minLength":
+            return error.json_path, f"is too short: at least {error.validator_value} characters"
+        return error.json_path, error.message.replace(repr(error.instance), MASK)
     if error.validator == "type" and error.schema.get("duration"):
         return error.json_path, _not_a_duration(error.instance)
     if error.validator == "pattern":
@@ -352,6 +359,10 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
         # `global: 200` is a rate without its unit, not "200 is not of type 'string'".
         return error.json_path, f"{error.instance!r} is not {error.schema['patternMessage']}"
     return error.json_path, error.message
+
+
+def _is_secret_path(parts: tuple) -> bool:
+    return is_secret_key(next((p for p in reversed(parts) if isinstance(p, str)), ""))
 
 
 def _pattern_message(error: jsonschema.ValidationError) -> str:

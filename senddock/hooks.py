@@ -48,6 +48,21 @@ def config_schema() -> Mapping[str, Mapping[str, Any]] | None:
 
 
 @hookspec
+def config_problems(config: Mapping[str, Any]) -> Iterable[tuple[str, str]] | None:
+    """Find what the JSON Schema cannot say about the plugin's settings: a value that is wrong
+    only given another section's (e.g. a return path with ``{token}`` and no ``bounces.secret``).
+
+    Called once the whole config is valid and its defaults filled in. ``senddock run``,
+    ``check-config`` and every other command refuse the config while any plugin reports a problem.
+
+    :param config: the entire config mapping, environment references resolved (never log it).
+
+    :return: ``(key path, problem)`` pairs such as ``("$.smtp.return_path", "needs bounces.secret")``,
+        or None when all is well.
+    """
+
+
+@hookspec
 def transport_names() -> Iterable[str] | None:
     """Name the transports this plugin provides.
 

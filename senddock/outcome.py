@@ -74,6 +74,9 @@ class Message:
     content: RenderedContent
     headers: Mapping[str, str] = field(default_factory=dict)
     signer: MessageSigner | None = field(default=None, compare=False, repr=False)
+    # The job's signed VERP token (senddock.mail.verp), for a transport's return path; None
+    # without bounces.secret.
+    bounce_token: str | None = None
 
 
 @dataclass(frozen=True)

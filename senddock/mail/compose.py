@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 from senddock.config import Config
 from senddock.errors import InvalidInput
-from senddock.mail import headertext, mime, unsubscribe
+from senddock.mail import headertext, mime, unsubscribe, verp
 from senddock.mail.addresses import stored_mailbox_problem
 from senddock.mail.signing import signer_from_config
 from senddock.mail.templates import CampaignTemplates, TemplateError, context_for
@@ -71,6 +71,8 @@ class Composer:
     def __init__(self, config: Config, *, signer: MessageSigner | None = None) -> None:
         self.unsubscribe = UnsubscribeSettings.from_config(config)
         self.signer = signer or signer_from_config(config.section("dkim") or None, config.folder)
+        # The first key signs; older ones listed after it only verify (senddock.bounces).
+        self._bounce_secret = next(iter(verp.secrets_of(config.section("bounces").get("secret"))), None)
         self._prepared: dict[int, PreparedCampaign] = {}
         self._lock = threading.Lock()
 
@@ -113,16 +115,19 @@ class Composer:
         links = self._unsubscribe_links(recipient, campaign.campaign_id)
         context = context_for(recipient, campaign, links.get("url") or links.get("mailto"))
         content = prepared.templates.render(context)
+        # A preview or a test send (job 0) is no job: its bounces must name none.
+        token = verp.make_token(self._bounce_secret, broadcast_id, job_id) if self._bounce_secret and job_id else None
         return Message(
             job_id=job_id,
             broadcast_id=broadcast_id,
             attempt=attempt,
             recipient=recipient,
             campaign=campaign,
-            message_id=message_id or mime.message_id_for(broadcast_id, job_id, prepared.domain),
+            message_id=message_id or mime.message_id_for(broadcast_id, job_id, prepared.domain, token),
             content=content,
             headers=self._headers(prepared, links, broadcast_id, job_id),
             signer=self.signer,
+            bounce_token=token,
         )
 
     def _unsubscribe_links(self, recipient: Recipient, campaign_id: int) -> dict[str, str]:

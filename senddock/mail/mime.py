@@ -13,7 +13,6 @@ non-ASCII local parts would need SMTPUTF8 (RFC 6531), which the SMTP transport r
 from __future__ import annotations
 
 import binascii
-import re
 import uuid
 from collections.abc import Collection
 from email import base64mime
@@ -28,9 +27,12 @@ BODY_LINE = 76  # RFC 2045 6.7, 6.8: quoted-printable and base64 lines are at mo
 _EIGHT_BIT = bytes(range(0x80, 0x100))
 
 
-def message_id_for(broadcast_id: int, job_id: int, domain: str) -> str:
-    """Derived from the job, so a resend after a crash carries the same Message-ID."""
-    return f"<senddock.{broadcast_id}.{job_id}@{ascii_domain(domain)}>"
+def message_id_for(broadcast_id: int, job_id: int, domain: str, bounce_token: str | None = None) -> str:
+    """Derived from the job, so a resend after a crash carries the same Message-ID. With a signed
+    VERP token it carries the token: a bounce or complaint that quotes the message's headers names
+    its job even when a relay rewrote the return path."""
+    local = bounce_token or f"{broadcast_id}.{job_id}"
+    return f"<senddock.{local}@{ascii_domain(domain)}>"
 
 
 def one_off_message_id(kind: str, domain: str) -> str:
@@ -60,21 +62,6 @@ def sender_domain(from_addr: str) -> str:
 
 def envelope_sender(message: Message) -> str:
     return ascii_address(getaddresses([message.campaign.from_addr])[0][1])
-
-
-def verp_token(message: Message) -> str:
-    """The per-message part of a VERP return path (``bounces+{token}@...``): which job a
-    delivery status notification is about. Letters, digits and dots only: safe in a local part."""
-    return f"b{message.broadcast_id}.j{message.job_id}"
-
-
-_VERP_TOKEN = re.compile(r"\+b(?P<broadcast>\d+)\.j(?P<job>\d+)@")
-
-
-def read_verp_token(address: str) -> tuple[int, int] | None:
-    """(broadcast_id, job_id) from a VERP return path, or None."""
-    found = _VERP_TOKEN.search(address)
-    return (int(found["broadcast"]), int(found["job"])) if found else None
 
 
 def list_id(list_name: str | None, list_id_value: int | None, domain: str) -> str:
@@ -111,7 +98,7 @@ def build_email(message: Message, *, message_id_domain: str | None = None) -> Em
     email["Subject"] = content.subject
     email["Date"] = format_datetime(localtime())
     email["Message-ID"] = (
-        message_id_for(message.broadcast_id, message.job_id, message_id_domain)
+        message_id_for(message.broadcast_id, message.job_id, message_id_domain, message.bounce_token)
         if message_id_domain
         else message.message_id
     )

@@ -26,12 +26,13 @@ from tests_support import (
 )
 
 from senddock.api import Senddock
-from senddock.mail import mime
+from senddock.mail import mime, verp
 from senddock.mail.unsubscribe import read_token
 from senddock.sink import FailRule, Sink, _free_port
 from senddock.testing import drain, fast_settings
 
 SECRET = "a-long-unsubscribe-secret-for-tests"
+BOUNCE_SECRET = "a-long-bounce-secret-for-tests"
 HTML = """<html><body>
 <p>Hallo {{ subscriber.name }} aus {{ subscriber.attributes.city }},</p>
 <p>unsere <b>Herbst</b>-Auswahl ist da.</p>
@@ -84,6 +85,7 @@ def test_personalised_html_through_starttls_and_auth_signed_with_verp_and_one_cl
         make_config, tmp_path, tls_files, monkeypatch):
     monkeypatch.setenv("UNSUB_SECRET", SECRET)
     monkeypatch.setenv("SMTP_PASSWORD", "relay-password")
+    monkeypatch.setenv("BOUNCE_SECRET", BOUNCE_SECRET)
     serve_port = _free_port("127.0.0.1")
     with Sink("127.0.0.1", 0, security="starttls", tls_context=tls_files["server_context"],
               credentials=("mailer", "relay-password")) as relay:
@@ -92,6 +94,7 @@ def test_personalised_html_through_starttls_and_auth_signed_with_verp_and_one_cl
                                 return_path="bounces+{token}@example.com")
         settings["serve"] = {"port": serve_port, "tls_cert_file": str(tls_files["cert"]),
                              "tls_key_file": str(tls_files["key"])}
+        settings["bounces"] = {"secret": "${BOUNCE_SECRET}"}
         app = Senddock(make_config(settings))
         campaign_id = personalised_campaign(app)
         drain(app.config)
@@ -111,8 +114,9 @@ def test_personalised_html_through_starttls_and_auth_signed_with_verp_and_one_cl
         assert parsed["From"].addresses[0].display_name == "Bücherei Zoë"
         assert parsed["To"].addresses[0].display_name == name
         broadcast_id, job_id = job_ids[email]
-        assert parsed["Message-ID"] == f"<senddock.{broadcast_id}.{job_id}@example.com>"
-        assert message.sender == f"bounces+b{broadcast_id}.j{job_id}@example.com"  # VERP
+        token = verp.make_token(BOUNCE_SECRET, broadcast_id, job_id)
+        assert parsed["Message-ID"] == f"<senddock.{token}@example.com>"
+        assert message.sender == f"bounces+{token}@example.com"  # VERP, signed
         assert parsed["List-Id"] == '"news" <list-1.example.com>'
         assert parsed["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
         assert dkim.verify(message.data, dnsfunc=dns_for(record)), f"DKIM does not verify for {email}"

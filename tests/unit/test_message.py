@@ -13,7 +13,7 @@ from senddock_smtp.transport import envelope_sender, send
 from tests_support import dkim_key, dns_for
 
 from senddock.config import load_config
-from senddock.mail import mime
+from senddock.mail import mime, verp
 from senddock.mail.compose import Composer
 from senddock.mail.templates import TemplateError
 from senddock.mail.unsubscribe import read_token
@@ -110,14 +110,28 @@ def test_without_unsubscribe_settings_a_template_using_the_link_says_what_to_con
         build(bare_composer())
 
 
-def test_verp_return_path_names_the_job():
+def test_verp_return_path_and_message_id_carry_the_jobs_signed_token(tmp_path):
+    bounce_secret = "bounce-secret-for-tests"
+    (tmp_path / "senddock.yaml").write_text(yaml.safe_dump({"bounces": {"secret": "${BOUNCE_SECRET}"}}))
+    composer = Composer(load_config(tmp_path / "senddock.yaml", environ={
+        "BOUNCE_SECRET": bounce_secret, "SENDDOCK_DATABASE_URL": "postgresql://x@localhost/x"}))
+    plain = CampaignContent(campaign_id=7, name="n", subject="s", from_addr="news@example.com", text_body="hi")
+    message, _, parsed = build(composer, campaign=plain)
+    sender = envelope_sender(message, {"return_path": "bounces+{token}@example.com"})
+    token = verp.make_token(bounce_secret, 12, 1001)
+    assert sender == f"bounces+{token}@example.com"
+    assert verp.find_token([bounce_secret], sender.upper()) == verp.JobToken(12, 1001)  # a relay folded its case
+    assert parsed["Message-ID"] == f"<senddock.{token}@example.com>"
+    assert verp.find_token([bounce_secret], parsed["Message-ID"]) == verp.JobToken(12, 1001)
+    assert envelope_sender(message, {}) == "news@example.com"
+
+
+def test_without_bounces_secret_nothing_names_a_job_and_the_return_path_is_the_from_address():
     plain = CampaignContent(campaign_id=7, name="n", subject="s", from_addr="news@example.com", text_body="hi")
     message, _, parsed = build(bare_composer(), campaign=plain)
     assert "List-Unsubscribe" not in parsed and "DKIM-Signature" not in parsed
-    sender = envelope_sender(message, {"return_path": "bounces+{token}@example.com"})
-    assert sender == "bounces+b12.j1001@example.com"
-    assert mime.read_verp_token(sender) == (12, 1001)
-    assert envelope_sender(message, {}) == "news@example.com"
+    assert message.bounce_token is None and parsed["Message-ID"] == "<senddock.12.1001@example.com>"
+    assert envelope_sender(message, {"return_path": "bounces+{token}@example.com"}) == "news@example.com"
 
 
 def test_a_non_ascii_local_part_fails_alone_without_suppression():

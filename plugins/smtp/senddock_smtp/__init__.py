@@ -1,7 +1,7 @@
 """senddock's built-in SMTP transport, packaged exactly as a third-party plugin would be.
 
 It is registered through the ``senddock`` entry-point group and uses only the public modules of
-senddock (``hookimpl``, ``outcome``, ``mime``, ``durations``), never the engine.
+senddock (``hookimpl``, ``outcome``, ``mime``, ``verp``, ``durations``), never the engine.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from senddock import hookimpl
+from senddock.mail import verp
 from senddock.outcome import Classification, Message, PluginConfig, SendResult
 from senddock_smtp import classify as _classify
 from senddock_smtp import transport as _transport
@@ -67,6 +68,18 @@ def transport_names() -> list[str]:
 @hookimpl
 def config_schema() -> Mapping[str, Mapping[str, Any]]:
     return {"smtp": CONFIG_SCHEMA}
+
+
+@hookimpl
+def config_problems(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    template = (config.get("smtp") or {}).get("return_path")
+    if not template or "{token}" not in template:
+        return []
+    if not (config.get("bounces") or {}).get("secret"):
+        return [("$.smtp.return_path", "{token} needs bounces.secret (${SENDDOCK_BOUNCES_SECRET}): "
+                                       "the tokens are signed with it")]
+    problem = verp.return_path_problem(template)
+    return [("$.smtp.return_path", problem)] if problem else []
 
 
 @hookimpl

@@ -142,11 +142,13 @@ def probe(settings: Mapping[str, Any]) -> SendResult:
 
 
 def envelope_sender(message: Message, settings: Mapping[str, Any]) -> str:
-    """The MAIL FROM address: ``return_path`` with the message's VERP token, or the From address."""
+    """The MAIL FROM address: ``return_path`` with the message's signed VERP token, or the From
+    address. A message with no token (a preview's, a test send's) goes out from the From address
+    when the template wants one: its bounces name no job anyway."""
     template = settings.get("return_path")
-    if not template:
+    if not template or ("{token}" in template and message.bounce_token is None):
         return mime.envelope_sender(message)
-    return mime.ascii_address(template.replace("{token}", mime.verp_token(message)))
+    return mime.ascii_address(template.replace("{token}", message.bounce_token or ""))
 
 
 def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMapping[str, Any]) -> SendResult:
