@@ -5,10 +5,23 @@ from __future__ import annotations
 import random
 import socket
 import ssl
+from typing import TYPE_CHECKING
 
 from senddock.hooks import hookimpl
-from senddock.outcome import Bounce, Classification, Outcome, PluginConfig, RetryDecision, SendResult, SuppressionList
+from senddock.outcome import (
+    Bounce,
+    BounceReport,
+    Classification,
+    Outcome,
+    PluginConfig,
+    RetryDecision,
+    SendResult,
+    SuppressionList,
+)
 from senddock.retry import retry_settings
+
+if TYPE_CHECKING:
+    from email.message import EmailMessage
 
 # Failures of the network or the peer, not of the message: worth another try later.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
@@ -65,3 +78,12 @@ def on_bounced(bounce: Bounce, suppressions: SuppressionList) -> None:
         diagnostic=bounce.diagnostic or None,
         broadcast_id=bounce.job.broadcast_id if bounce.job else None,
     )
+
+
+@hookimpl(trylast=True)
+def parse_bounce_message(message: EmailMessage) -> BounceReport:
+    """DSN (RFC 3464), ARF (RFC 5965), the old non-standard bounces (flufl.bounce), auto-replies
+    (RFC 3834); anything else is no bounce."""
+    from senddock.bounces import builtin  # the parsers load flufl.bounce: only where mail is read
+
+    return builtin.parse(message)

@@ -17,8 +17,11 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from email.message import EmailMessage
+
     from senddock.outcome import (
         Bounce,
+        BounceReport,
         Classification,
         Message,
         PluginConfig,
@@ -184,6 +187,28 @@ def parse_provider_event(document: Mapping[str, Any], config: PluginConfig) -> l
         e.g. an SNS subscription confirmation), or None when the document is not this plugin's.
     :raises senddock.outcome.EventError: the document is this provider's but cannot be read; the
         engine reports it (with its line) and skips it.
+    """
+
+
+@hookspec(firstresult=True)
+def parse_bounce_message(message: EmailMessage, config: PluginConfig) -> BounceReport | None:
+    """Read one message that came back by mail: a bounce, a complaint, an auto-reply, a reply.
+
+    Used by ``senddock bounces parse``, ``ingest``, ``fetch`` and ``receive``. Add an
+    implementation for a provider's own format; the built-in one (``trylast``) reads RFC 3464
+    delivery status notifications, RFC 5965 feedback reports, RFC 3834 auto-replies and, through
+    flufl.bounce, the non-standard formats old servers still send. Return None to let other
+    plugins decide; the first non-None result wins.
+
+    Which job the message is about is decided by senddock from its own signed token (the return
+    path the message came back to, or the returned message's Message-ID), never by a parser.
+    Raise nothing: a message you cannot read is None (the next parser tries it).
+
+    :param message: the whole message, parsed with ``email.policy.default`` (it may be
+        malformed: look at ``message.defects`` before trusting its structure).
+    :param config: the validated configuration.
+    :return: a :class:`~senddock.outcome.BounceReport`, or None when the message is not in a
+        format this plugin reads.
     """
 
 

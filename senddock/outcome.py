@@ -211,6 +211,8 @@ class Bounce:
     :ivar enhanced_code: RFC 3463 code (``5.1.1``) or the provider's bounce sub-type.
     :ivar diagnostic: the server's or provider's text.
     :ivar job: the job it belongs to, when there is one.
+    :ivar soft: a soft bounce (mailbox full, a server that gave up after retrying) that repeated
+        ``bounces.soft.limit`` times within ``bounces.soft.window``; False for a hard bounce.
     """
 
     email: str
@@ -220,6 +222,7 @@ class Bounce:
     enhanced_code: str | None = None
     diagnostic: str = ""
     job: JobRef | None = None
+    soft: bool = False
 
     @property
     def suppression_reason(self) -> str:
@@ -254,6 +257,38 @@ class ProviderEvent:
     diagnostic: str = ""
     job_id: int | None = None
     occurred_at: str | None = None
+
+
+class MailReportKind(str, enum.Enum):
+    """What a message that came back by mail is (``senddock bounces parse`` prints the value)."""
+
+    HARD = "hard"  # a permanent failure about the recipient: suppress
+    SOFT = "soft"  # temporary, or not the recipient's fault (mailbox full, policy on our message)
+    COMPLAINT = "complaint"  # an ARF abuse report: suppress, always
+    AUTO_REPLY = "auto_reply"  # vacation, out-of-office, challenge-response: never a bounce
+    NOT_BOUNCE = "not_bounce"  # anything else: a person's reply, a delay warning, a delivery report
+
+
+@dataclass(frozen=True)
+class BounceReport:
+    """What a bounce parser read in one message, returned by ``parse_bounce_message``.
+
+    Which job it is about is not the parser's to say: senddock finds the job from its own signed
+    token, so no parser (and no sender) can point a report at someone else.
+
+    :ivar kind: see :class:`MailReportKind`.
+    :ivar recipients: the failed recipients (lower-case addresses) the report names, for a
+        complaint the complaining recipient when the report says; empty for replies.
+    :ivar status: the RFC 3463 status (``5.1.1``) that decided the kind, when there is one.
+    :ivar reason: the receiving server's text (a DSN's Diagnostic-Code), or what the parser saw.
+    :ivar parser: which parser recognised the message (``dsn``, ``arf``, ``auto_reply``, ``legacy``...).
+    """
+
+    kind: MailReportKind
+    recipients: tuple[str, ...] = ()
+    status: str | None = None
+    reason: str | None = None
+    parser: str = ""
 
 
 class EventError(ValueError):
