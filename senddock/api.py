@@ -45,6 +45,7 @@ from senddock.outcome import (
 # Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
 # methods that use them: a status query or a list must not load them (see bench/cli_latency.py).
 if TYPE_CHECKING:
+    from senddock.core.mail_events import MailOutcome
     from senddock.mail.compose import Composer
 
 __all__ = [
@@ -385,6 +386,19 @@ class Senddock:
         if parsed is None:
             raise InvalidInput("not a notification any installed plugin reads (e.g. SES via SNS)")
         return events.apply_events(self.db, pm, self.config, self.suppressions, parsed)
+
+    def apply_mail(self, raw: bytes, *, via: str, origin: str | None = None,
+                   envelope_recipients: Sequence[str] = ()) -> MailOutcome:
+        """Read one message that came back by mail (a bounce, a complaint, a reply) and apply it:
+        see :mod:`senddock.core.mail_events`. ``via`` is receive, fetch or ingest;
+        ``envelope_recipients``, the RCPT TO addresses when it arrived by SMTP."""
+        from senddock.bounces.parsing import parse_mail
+        from senddock.core.mail_events import apply_mail
+
+        self.ensure_schema()
+        parsed = parse_mail(self.config, raw, envelope_recipients)
+        return apply_mail(self.db, self.config.plugin_manager, self.config, self.suppressions, parsed,
+                          via=via, origin=origin)
 
     def delivery_log(self, campaign_id: int, *, email: str | None = None, outcome: str | None = None,
                      in_doubt: bool = False) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ returned, so a crash in between re-runs them when the notification arrives again
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pluggy
@@ -21,6 +21,7 @@ from psycopg.rows import dict_row
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.queries import query
+from senddock.durations import parse_duration
 from senddock.mail.mime import ascii_address
 from senddock.outcome import (
     Bounce,
@@ -55,6 +56,7 @@ def apply_events(
     applied = Applied()
     with db.connection() as conn, conn.transaction():
         jobs = [_job_for(conn, event) for event in events]
+        events = [_soft_policy(conn, config, event) for event in events]
         rows = [_record(conn, event, job) for event, job in zip(events, jobs)]
     for event, job, row in zip(events, jobs, rows):
         if row["new"]:
@@ -89,6 +91,19 @@ def _job_for(conn: psycopg.Connection, event: ProviderEvent) -> dict[str, Any]:
     return job
 
 
+def _soft_policy(conn: psycopg.Connection, config: Config, event: ProviderEvent) -> ProviderEvent:
+    """A soft bounce (Transient) suppresses once it is the ``bounces.soft.limit``-th of its
+    address within ``bounces.soft.window``, with no delivery in between: mailbox full for weeks
+    is as dead as an address gets, once is a holiday."""
+    if event.kind != "bounce" or event.bounce_type != "Transient" or event.suppresses:
+        return event
+    soft = config.section("bounces").get("soft") or {}
+    params = {"email": event.email, "event_key": event.event_key,
+              "window": parse_duration(soft.get("window", "30d"))}
+    earlier = conn.execute(query("soft_bounces_recent"), params).fetchone()[0]
+    return replace(event, suppresses=earlier + 1 >= soft.get("limit", 3))
+
+
 def _record(conn: psycopg.Connection, event: ProviderEvent, job: dict[str, Any]) -> dict[str, Any]:
     params = {
         "event_key": event.event_key, "job_id": job["id"], "broadcast_id": job["broadcast_id"],
@@ -109,6 +124,7 @@ def _run_hooks(pm: pluggy.PluginManager, config: Config, suppressions: Suppressi
         enhanced_code=event.sub_type,
         diagnostic=event.diagnostic,
         job=JobRef(job["id"], job["broadcast_id"], job["campaign_id"]),
+        soft=event.kind == "bounce" and event.bounce_type == "Transient",
     )
     try:
         pm.hook.on_bounced(bounce=bounce, suppressions=suppressions, config=config)

@@ -1296,6 +1296,29 @@ SELECT id, hooks_done, new FROM recorded;
 -- name: event_hooks_done
 UPDATE delivery_events SET hooks_done = true WHERE id = %(event_id)s;
 
+-- name: soft_bounces_recent
+-- The soft-bounce policy (bounces.soft): an address's soft bounces within the window, not counting
+-- those before its latest delivery, nor the event being recorded (its key).
+SELECT count(*)
+  FROM delivery_events e
+ WHERE lower(e.email) = lower(%(email)s) AND e.kind = 'bounce' AND e.bounce_type = 'Transient'
+   AND e.event_key <> %(event_key)s
+   AND e.received_at > now() - make_interval(secs => %(window)s)
+   AND e.received_at > coalesce((SELECT max(d.received_at) FROM delivery_events d
+                                  WHERE lower(d.email) = lower(%(email)s) AND d.kind = 'delivery'),
+                                '-infinity');
+
+-- name: inbound_mail_seen
+SELECT outcome FROM inbound_mail WHERE mail_key = %(mail_key)s;
+
+-- name: inbound_mail_record
+-- Once per message: a replay (the same key) keeps the first row.
+INSERT INTO inbound_mail (mail_key, via, origin, kind, outcome, job_id, broadcast_id, recipients, status,
+                          reason, size)
+VALUES (%(mail_key)s, %(via)s, %(origin)s, %(kind)s, %(outcome)s, %(job_id)s, %(broadcast_id)s,
+        %(recipients)s, %(status)s, %(reason)s, %(size)s)
+ON CONFLICT (mail_key) DO NOTHING;
+
 -- ---------------------------------------------------------------------------------------------
 -- Operator views: suppressions, subscribers, the delivery log, nodes.
 

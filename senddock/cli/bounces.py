@@ -1,0 +1,109 @@
+"""`senddock bounces ...`: read what comes back by mail (docs/bounces.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from senddock.cli.commands import open_config, open_senddock
+from senddock.cli.output import Output, plural, table
+from senddock.errors import EXIT_OK, EXIT_PROBLEMS
+
+
+def add_commands(group, command) -> None:
+    """``group``: the ``bounces`` subcommands."""
+    p = command(group, "parse", parse,
+                "read bounce, complaint and reply messages and say what each is, without a database "
+                "(--json: one object per line per message)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="an .eml file, a Maildir folder or an mbox file")
+    p = command(group, "ingest", ingest,
+                "apply bounce and complaint messages from files: suppress, count, record (a Maildir's messages "
+                "move to cur/ once applied)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="an .eml file, a Maildir folder or an mbox file")
+
+
+def ingest(args: argparse.Namespace, out: Output) -> int:
+    from senddock.bounces.sources import SourceError, read_paths
+    from senddock.core.mail_events import OUTCOMES
+    from senddock.sizes import parse_size
+
+    totals: dict[str, Any] = {"messages": 0, **{o: 0 for o in OUTCOMES}, "replayed": 0, "suppressed": 0,
+                              "problems": []}
+    with open_senddock(args) as sd:
+        limit = parse_size(sd.config.section("bounces").get("max_message_size") or "10MiB")
+        for item in read_paths(args.paths, limit):
+            if isinstance(item, SourceError):
+                totals["problems"].append(str(item))
+                out.problem(f"senddock: {item}")
+                continue
+            result = sd.apply_mail(item.raw, via="ingest", origin=item.source)
+            totals["messages"] += 1
+            totals[result.outcome] += 1
+            totals["replayed"] += result.replayed
+            totals["suppressed"] += result.suppressed
+            if result.hooks_failed:
+                totals["problems"].append(f"{item.source}: on_bounced failed; ingest it again later")
+                continue
+            if item.done is not None:
+                item.done()  # a Maildir message is filed under cur/ only once applied
+    out.result(totals, lambda: _ingest_summary(totals))
+    return EXIT_PROBLEMS if totals["problems"] else EXIT_OK
+
+
+def _ingest_summary(totals: dict[str, Any]) -> str:
+    from senddock.core.mail_events import OUTCOMES
+
+    counted = ", ".join(f"{totals[o]} {o.replace('_', ' ')}" for o in OUTCOMES if totals[o])
+    return (f"{plural(totals['messages'], 'message')}: {counted or 'none'}; "
+            f"{plural(totals['suppressed'], 'address', 'addresses')} suppressed"
+            + (f", {totals['replayed']} read before" if totals["replayed"] else "")
+            + (f", {plural(len(totals['problems']), 'problem')}" if totals["problems"] else ""))
+
+
+def parse(args: argparse.Namespace, out: Output) -> int:
+    from senddock.bounces.parsing import parse_mail
+    from senddock.bounces.sources import SourceError, read_paths
+    from senddock.sizes import parse_size
+
+    config = open_config(args)
+    limit = parse_size(config.section("bounces").get("max_message_size") or "10MiB")
+    rows: list[dict[str, Any]] = []
+    forged: dict[str, str | None] = {}  # shown in the table; the JSON lines keep issue 15's six keys
+    problems = 0
+    for item in read_paths(args.paths, limit):
+        if isinstance(item, SourceError):
+            problems += 1
+            out.problem(f"senddock: {item}")
+            continue
+        parsed = parse_mail(config, item.raw)
+        rows.append(line := _line(item.source, parsed))
+        forged[item.source] = parsed.match.forged if parsed.match.job is None else None
+        if out.json_mode:
+            # The interface scripts rely on (issue 15): one object per message, as it is read.
+            out.stdout.write(json.dumps(line) + "\n")
+            out.stdout.flush()
+    if not out.json_mode:
+        out.result(None, lambda: _table(rows, forged, problems))
+    return EXIT_PROBLEMS if problems else EXIT_OK
+
+
+def _line(source: str, parsed) -> dict[str, Any]:
+    report, job = parsed.report, parsed.match.job
+    return {
+        "source": source,
+        "kind": report.kind.value,
+        "recipients": list(report.recipients),
+        "status": report.status,
+        "reason": report.reason,
+        "job": None if job is None else {"broadcast_id": job.broadcast_id, "job_id": job.job_id},
+    }
+
+
+def _table(rows: list[dict[str, Any]], forged: dict[str, str | None], problems: int) -> str:
+    body = table(["source", "kind", "recipients", "status", "job", "reason"], [
+        (r["source"], r["kind"], r["recipients"], r["status"],
+         f"{r['job']['broadcast_id']}.{r['job']['job_id']}" if r["job"] else ("FORGED" if forged[r["source"]] else None),
+         (r["reason"] or "")[:60] or None) for r in rows])
+    summary = f"{plural(len(rows), 'message')} read" + (f", {plural(problems, 'path')} unreadable" if problems else "")
+    return f"{body}\n{summary}" if rows else summary

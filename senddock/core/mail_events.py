@@ -1,0 +1,108 @@
+"""Applying a message that came back by mail: one counted outcome each, and for a bounce or a
+complaint about one of our jobs, the same delivery event and policy as a provider's notification.
+
+Only a verified token names the job (senddock.bounces.matching), and the job's own address must be
+among those the report names (a complaint whose provider redacted the recipient names none): a
+bounce for someone else, for a deleted campaign's job, or with a forged token suppresses nobody.
+Hard bounces and complaints suppress at once; a soft bounce suppresses once it is the
+``bounces.soft.limit``-th within ``bounces.soft.window`` with no delivery in between. The
+message's row commits after its event, so a crash in between leaves a message that, read again,
+applies as a replay (the event is recorded once, pending hooks run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pluggy
+import structlog
+from psycopg.rows import dict_row
+
+from senddock.bounces.parsing import ParsedMail
+from senddock.bounces.status import blames_us
+from senddock.config import Config
+from senddock.core.db import Database
+from senddock.core.events import UnknownMessage, apply_events
+from senddock.core.queries import query
+from senddock.mail.mime import ascii_address
+from senddock.outcome import MailReportKind, ProviderEvent, SuppressionList
+
+log = structlog.get_logger(__name__)
+
+OUTCOMES = ("applied", "ignored", "forged", "unattributed", "unknown_job", "address_mismatch", "too_large")
+_BOUNCES = (MailReportKind.HARD, MailReportKind.SOFT, MailReportKind.COMPLAINT)
+
+
+@dataclass(frozen=True)
+class MailOutcome:
+    outcome: str  # one of OUTCOMES
+    replayed: bool = False  # this message was read before (its first outcome stands)
+    suppressed: bool = False  # the address is suppressed now, by this message
+    hooks_failed: bool = False  # on_bounced raised: reading the message again retries it
+    detail: str | None = None
+
+
+def apply_mail(db: Database, pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList,
+               parsed: ParsedMail, *, via: str, origin: str | None) -> MailOutcome:
+    with db.connection() as conn:
+        replayed = conn.execute(query("inbound_mail_seen"), {"mail_key": parsed.key}).fetchone() is not None
+    result = _outcome(db, pm, config, suppressions, parsed, replayed)
+    job, report = parsed.match.job, parsed.report
+    with db.connection() as conn:
+        conn.execute(query("inbound_mail_record"), {
+            "mail_key": parsed.key, "via": via, "origin": origin, "kind": report.kind.value,
+            "outcome": result.outcome, "job_id": job and job.job_id, "broadcast_id": job and job.broadcast_id,
+            "recipients": list(report.recipients[:100]), "status": report.status,
+            "reason": (report.reason or "")[:2000].replace("\x00", "") or None, "size": parsed.size})
+    log.info("bounce_mail", via=via, origin=origin, kind=report.kind.value, outcome=result.outcome,
+             replayed=result.replayed or None, suppressed=result.suppressed or None,
+             job_id=job and job.job_id, status=report.status, detail=result.detail)
+    return result
+
+
+def _outcome(db: Database, pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList,
+             parsed: ParsedMail, replayed: bool) -> MailOutcome:
+    report, match = parsed.report, parsed.match
+    if parsed.too_large:
+        return MailOutcome("too_large", replayed, detail=report.reason)
+    if report.kind not in _BOUNCES:
+        return MailOutcome("ignored", replayed, detail=report.kind.value)
+    if match.job is None:
+        if match.forged:
+            return MailOutcome("forged", replayed, detail=match.forged)
+        return MailOutcome("unattributed", replayed, detail="no signed token names a job")
+    with db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+        job = cur.execute(query("event_job_by_id"), {"job_id": match.job.job_id}).fetchone()
+    if job is None or job["broadcast_id"] != match.job.broadcast_id:
+        return MailOutcome("unknown_job", replayed, detail=f"job {match.job.job_id} of broadcast "
+                                                           f"{match.job.broadcast_id} no longer exists")
+    address = ascii_address(job["email"]).lower()
+    named = {ascii_address(r).lower() for r in report.recipients}
+    if named and address not in named:
+        return MailOutcome("address_mismatch", replayed,
+                           detail=f"the report names {', '.join(sorted(named)[:3])}, job {job['id']} was sent to "
+                                  f"{job['email']}")
+    event = _event(parsed, job)
+    try:
+        applied = apply_events(db, pm, config, suppressions, [event])
+    except UnknownMessage as exc:  # deleted between the lookup and the record
+        return MailOutcome("unknown_job", replayed, detail=str(exc))
+    return MailOutcome("applied", replayed or bool(applied.already_recorded), suppressed=bool(applied.suppressed),
+                       hooks_failed=bool(applied.hooks_failed))
+
+
+def _event(parsed: ParsedMail, job: dict) -> ProviderEvent:
+    report = parsed.report
+    kind = "complaint" if report.kind is MailReportKind.COMPLAINT else "bounce"
+    if report.kind is MailReportKind.HARD:
+        bounce_type = "Permanent"
+    elif report.kind is MailReportKind.SOFT:
+        # A refusal of our message (policy, content) is recorded and suppresses nobody, ever:
+        # only soft bounces about the mailbox count towards bounces.soft.limit.
+        bounce_type = "Undetermined" if blames_us(report.status, report.reason) else "Transient"
+    else:
+        bounce_type = None
+    return ProviderEvent(  # a soft bounce's suppresses is the soft policy's to decide (apply_events)
+        kind=kind, email=job["email"], provider_message_id=None, event_key=f"mail:{parsed.key}:{job['email'].lower()}",
+        suppresses=report.kind is not MailReportKind.SOFT, bounce_type=bounce_type,
+        sub_type=report.status, diagnostic=report.reason or "", job_id=job["id"])
