@@ -180,7 +180,7 @@ class Sink:
             kwargs.update(authenticator=authenticate, auth_require_tls=security != "none", auth_required=True)
         if save_dir is not None:
             save_dir.mkdir(parents=True, exist_ok=True)
-        self._controller = Controller(self.handler, hostname=host, port=port or _free_port(host), **kwargs)
+        self._controller = Controller(self.handler, hostname=host, port=port or free_port(host), **kwargs)
 
     @property
     def port(self) -> int:
@@ -204,7 +204,7 @@ class Sink:
         self.stop()
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str) -> int:
     import socket
 
     with socket.socket() as s:

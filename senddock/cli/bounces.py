@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 from typing import Any
 
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output, plural, table
-from senddock.errors import EXIT_OK, EXIT_PROBLEMS
+from senddock.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
 
 
 def add_commands(group, command) -> None:
@@ -17,10 +18,51 @@ def add_commands(group, command) -> None:
                 "read bounce, complaint and reply messages and say what each is, without a database "
                 "(--json: one object per line per message)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="an .eml file, a Maildir folder or an mbox file")
+    command(group, "receive", receive,
+            "receive bounces and complaints by SMTP on bounces.receive.listen (behind the MX or a relay's "
+            "transport map); 250 only once recorded")
     p = command(group, "ingest", ingest,
                 "apply bounce and complaint messages from files: suppress, count, record (a Maildir's messages "
                 "move to cur/ once applied)")
     p.add_argument("paths", nargs="+", metavar="PATH", help="an .eml file, a Maildir folder or an mbox file")
+
+
+def receive(args: argparse.Namespace, out: Output) -> int:
+    from senddock.bounces.receiver import BounceReceiver, receive_settings
+    from senddock.cli.engine import stop_on_signals
+    from senddock.core.mail_events import OUTCOMES
+
+    config = open_config(args)
+    settings = receive_settings(config)
+    counts = dict.fromkeys(OUTCOMES, 0)
+    lock = threading.Lock()
+    with open_senddock(args) as sd:
+        sd.ensure_schema()
+
+        def apply(raw: bytes, origin: str | None, recipients) -> object:
+            result = sd.apply_mail(raw, via="receive", origin=origin, envelope_recipients=recipients)
+            with lock:
+                counts[result.outcome] += 1
+            return result
+
+        try:
+            server = BounceReceiver(settings, apply).start()
+        except OSError as exc:
+            raise UsageError(f"bounces.receive.listen: cannot listen on {settings.host}:{settings.port}: "
+                             f"{exc.strerror or exc}") from None
+        stop = threading.Event()
+        stop_on_signals(stop.set)
+        out.problem(f"senddock bounces receive listening on {settings.host}:{server.port} for "
+                    f"{', '.join(settings.addresses)} (Ctrl-C to stop)")
+        try:
+            while not stop.wait(0.5):
+                pass
+        finally:
+            server.stop()
+    out.result({"messages": sum(counts.values()), **counts},
+               lambda: f"received {plural(sum(counts.values()), 'message')}: "
+                       + (", ".join(f"{n} {o.replace('_', ' ')}" for o, n in counts.items() if n) or "none"))
+    return EXIT_OK
 
 
 def ingest(args: argparse.Namespace, out: Output) -> int:

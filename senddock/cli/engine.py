@@ -26,13 +26,13 @@ def run(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         sd.ensure_schema()
     runner = Runner(config, workers=args.workers, node_name=args.node, exit_when_idle=args.exit_when_idle)
-    _stop_on_signals(runner.request_stop)
+    stop_on_signals(runner.request_stop)
     summary = runner.run()
     out.result(summary, lambda: "stopped: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.items())))
     return EXIT_OK
 
 
-def _stop_on_signals(stop) -> None:
+def stop_on_signals(stop) -> None:
     # Only set a flag here: a handler that logs could deadlock on a lock the interrupted main
     # thread holds (the log buffer's).
     def handler(signum, frame):  # noqa: ARG001
@@ -64,7 +64,7 @@ def sink(args: argparse.Namespace, out: Output) -> int:
     except OSError as exc:
         raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     stop = threading.Event()
-    _stop_on_signals(stop.set)
+    stop_on_signals(stop.set)
     out.problem(f"senddock sink listening on {args.host}:{server.port} (Ctrl-C to stop)")
     try:
         while not stop.wait(0.5):

@@ -157,9 +157,9 @@ def test_a_job_whose_address_was_suppressed_meanwhile_is_not_sent(app_for, smtp_
 
 
 def test_smtp_server_down_for_a_while_then_back(app_for):
-    from senddock.sink import Sink, _free_port
+    from senddock.sink import Sink, free_port
 
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     app = app_for(fast_settings(port, retry={"schedule": ["1s"], "max_retries": 10, "jitter": 0}))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(10)])
     from senddock.core.runner import Runner

@@ -190,12 +190,12 @@ def webhook(sent, tmp_path):
 
     import yaml
 
-    from senddock.sink import _free_port
+    from senddock.sink import free_port
     from tests_support import senddock_executable, wait_for
 
     app, config_path, ids = sent
     key, cert = signing_key(tmp_path, "sns")
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     settings = yaml.safe_load(Path(config_path).read_text())
     settings["serve"] = {"port": port, "sns_certificates": {CERT_URL: str(cert)},
                          "sns_topic_arns": ["arn:aws:sns:us-east-1:123:ses"]}

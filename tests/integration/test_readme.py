@@ -31,7 +31,7 @@ import pytest
 
 from readme_story import Command, compare, console_blocks
 from senddock.cli import build_parser
-from senddock.sink import _free_port
+from senddock.sink import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -171,7 +171,7 @@ def test_readme_walkthrough_runs_as_written(tmp_path: Path):
     shutil.copytree(REPO / "config", folder / "config")
     shutil.copytree(REPO / "examples", folder / "examples",
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache"))
-    smtp_port = _free_port("127.0.0.1")
+    smtp_port = free_port("127.0.0.1")
     config = folder / "config" / "senddock.yaml"
     text, moved = re.subn(rf"^(\s+port:\s*){SINK_DEFAULT_PORT}\b", rf"\g<1>{smtp_port}", config.read_text(), flags=re.M)
     assert moved == 1

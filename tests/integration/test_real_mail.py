@@ -28,7 +28,7 @@ from tests_support import (
 from senddock.api import Senddock
 from senddock.mail import mime, verp
 from senddock.mail.unsubscribe import read_token
-from senddock.sink import FailRule, Sink, _free_port
+from senddock.sink import FailRule, Sink, free_port
 from senddock.testing import drain, fast_settings
 
 SECRET = "a-long-unsubscribe-secret-for-tests"
@@ -86,7 +86,7 @@ def test_personalised_html_through_starttls_and_auth_signed_with_verp_and_one_cl
     monkeypatch.setenv("UNSUB_SECRET", SECRET)
     monkeypatch.setenv("SMTP_PASSWORD", "relay-password")
     monkeypatch.setenv("BOUNCE_SECRET", BOUNCE_SECRET)
-    serve_port = _free_port("127.0.0.1")
+    serve_port = free_port("127.0.0.1")
     with Sink("127.0.0.1", 0, security="starttls", tls_context=tls_files["server_context"],
               credentials=("mailer", "relay-password")) as relay:
         settings = settings_for(relay.port, tmp_path, security="starttls", serve_port=serve_port,

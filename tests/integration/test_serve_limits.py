@@ -25,7 +25,7 @@ from tests_support import senddock_executable, wait_for
 
 from senddock.api import Senddock
 from senddock.mail.unsubscribe import make_token
-from senddock.sink import _free_port
+from senddock.sink import free_port
 from senddock.testing import fast_settings
 
 MIB = 1024 * 1024
@@ -65,7 +65,7 @@ def serve(make_config, database_dsn, tmp_path, monkeypatch) -> Iterator:
     servers: list[tuple[Server, object]] = []
 
     def start(**settings) -> Server:
-        port = _free_port("127.0.0.1")
+        port = free_port("127.0.0.1")
         config = make_config(fast_settings(serve={"port": port, "sns_topic_arns": [TOPIC], **settings},
                                            unsubscribe={"secret": "${UNSUB_SECRET}"}), name=f"serve-{port}.yaml")
         log = open(tmp_path / f"serve-{port}.log", "wb")  # a file, not a pipe nobody drains

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from senddock.sink import _free_port
+from senddock.sink import free_port
 from tests_support import senddock_executable
 
 
 def test_sink_command_accepts_saves_and_fails_chosen_recipients(tmp_path: Path):
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     sink = subprocess.Popen(
         [senddock_executable(), "sink", "--port", str(port), "--save", str(tmp_path / "mail"),
          "--fail", "bounce*@*=550 5.1.1 no such user", "--fail", "later*@*=451 4.7.1 try again"],
