@@ -99,9 +99,13 @@ class CampaignStatus:
     retry: int = 0
     sent: int = 0
     failed: int = 0
-    bounced: int = 0
+    bounced: int = 0  # refused at the send (failed as bounced)
     skipped: int = 0
     failed_by_reason: dict[str, int] = field(default_factory=dict)
+    # Told after the send (bounces by mail, SES notifications), one per job.
+    later_hard: int = 0
+    later_soft: int = 0
+    complaints: int = 0
     # A pause senddock made itself (not `campaign pause`): when, and what the operator should know.
     paused_at: datetime | None = None
     warning: str | None = None
@@ -109,8 +113,33 @@ class CampaignStatus:
     # when no limit is configured.
     pacing: tuple[LimitStatus, ...] = ()
 
+    @property
+    def reached(self) -> int:
+        """Messages a receiving server answered for: sent, or refused as bounced."""
+        return self.sent + self.bounced
+
+    @property
+    def bounce_summary(self) -> dict[str, Any]:
+        """Hard, soft and complaint counts with their rates: bounces over the messages that reached a
+        server, complaints over those sent, against the complaint rate Gmail and Yahoo hold bulk
+        senders to."""
+        hard = self.bounced + self.later_hard
+        return {
+            "hard": hard, "soft": self.later_soft, "complaints": self.complaints,
+            "hard_rate": _share(hard, self.reached), "soft_rate": _share(self.later_soft, self.reached),
+            "complaint_rate": _share(self.complaints, self.sent), "complaint_rate_limit": COMPLAINT_RATE_LIMIT,
+        }
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "pacing": [limit.as_dict() for limit in self.pacing]}
+        return {**asdict(self), "bounces": self.bounce_summary, "pacing": [limit.as_dict() for limit in self.pacing]}
+
+
+# Gmail's and Yahoo's bulk sender rules (2024): keep spam complaints below 0.3%.
+COMPLAINT_RATE_LIMIT = 0.003
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 6) if whole else None
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ def apply_events(
         events = [_soft_policy(conn, config, event) for event in events]
         rows = [_record(conn, event, job) for event, job in zip(events, jobs)]
     for event, job, row in zip(events, jobs, rows):
+        if row["new"] and event.kind == "bounce" and event.bounce_type == "Permanent":
+            _bounce_rate_breaker(db, config, job)
         if row["new"]:
             applied.recorded += 1
             log.info("provider_event", kind=event.kind, email=event.email, job_id=job["id"],
@@ -74,6 +76,20 @@ def apply_events(
         else:
             applied.hooks_failed.append(job["email"])
     return applied
+
+
+def _bounce_rate_breaker(db: Database, config: Config, job: dict[str, Any]) -> None:
+    """A hard bounce after the send counts in its campaign's bounce rate as one at the send does:
+    a campaign still sending pauses when they pile up (its bounces by mail are real: they stay)."""
+    breaker = config.breaker
+    params = {"campaign_id": job["campaign_id"], "broadcast_id": job["broadcast_id"], "rate": breaker.bounce_rate,
+              "window": breaker.bounce_window, "early_bounces": breaker.early_bounces,
+              "early_window": breaker.early_window}
+    with db.connection() as conn:
+        tripped, _ = conn.execute(query("campaign_bounce_check"), params).fetchone()
+    if tripped:
+        log.warning("campaign_paused", campaign_id=job["campaign_id"], reason="bounce_rate",
+                    resumes="by `campaign resume` once the bounces are understood")
 
 
 def _job_for(conn: psycopg.Connection, event: ProviderEvent) -> dict[str, Any]:

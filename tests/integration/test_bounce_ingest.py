@@ -9,7 +9,7 @@ from email.message import EmailMessage
 from email.utils import make_msgid
 
 import pytest
-from tests_support import make_broadcast, suppressed
+from tests_support import make_broadcast, running_node, suppressed, wait_for
 
 from senddock.api import Senddock
 from senddock.mail import verp
@@ -162,6 +162,14 @@ def test_ingest_suppresses_hard_bounces_and_complaints_only_for_their_own_jobs(c
                       ("user2@example.net", "bounce", "Transient", False)]
     assert outcomes == {"applied": 3, "ignored": 1, "forged": 1, "address_mismatch": 1, "unattributed": 1}
 
+    status = cli("campaign", "status", campaign_id, "-c", config, "--json").json
+    assert status["bounces"] == {"hard": 1, "soft": 1, "complaints": 1, "hard_rate": round(1 / 6, 6),
+                                 "soft_rate": round(1 / 6, 6), "complaint_rate": round(1 / 6, 6),
+                                 "complaint_rate_limit": 0.003}
+    human = cli("campaign", "status", campaign_id, "-c", config).stdout
+    assert ("bounces: hard 1 (16.67%), soft 1 (16.67%), complaints 1 (16.67%, at or above the 0.3% Gmail and "
+            "Yahoo allow bulk senders)") in human
+
 
 def test_soft_bounces_suppress_at_the_limit_and_policy_refusals_never(cli, sent, tmp_path):
     app, config, campaign_id, mail = sent
@@ -203,3 +211,28 @@ def test_unreadable_paths_are_named_and_the_rest_still_applies(cli, sent, tmp_pa
     assert result.json["problems"] == [f"{tmp_path / 'missing.eml'}: no such file or folder",
                                        f"{tmp_path / 'plain-folder'}: a folder that is no Maildir (it needs cur/, new/ "
                                        "and tmp/)"]
+
+
+def test_hard_bounces_by_mail_count_in_the_bounce_rate_breaker(cli, make_config, monkeypatch, tmp_path):
+    """Six of a campaign's first ten messages bounce by mail while it is still sending: it pauses
+    for its bounce rate (breaker.early_bounces: 5 of the first 10), as for bounces at the send."""
+    monkeypatch.setenv("BOUNCE_SECRET", SECRET)
+    emails = [f"reader{i:02d}@example.net" for i in range(40)]
+    with Sink("127.0.0.1", 0) as relay:
+        settings = fast_settings(relay.port)
+        settings["smtp"]["return_path"] = "bounces+{token}@example.com"
+        settings["bounces"] = {"secret": "${BOUNCE_SECRET}"}
+        app = Senddock(make_config(settings))
+        campaign_id = make_broadcast(app, emails, send=False)
+        app.set_campaign_rate(campaign_id, "10/s")  # still sending when the bounces come back
+        app.send_campaign(campaign_id)
+        with running_node(app.config):
+            wait_for(lambda: len(relay.received) >= 10, 30, "ten messages sent")
+            first = sorted(relay.received, key=lambda m: m.at)[:6]
+            files = [write(tmp_path, f"bounce{i}.eml", dsn(m.sender, m.recipients[0], m.message_id))
+                     for i, m in enumerate(first)]
+            assert cli("bounces", "ingest", *files, "-c", app.config.path, "--json").json["applied"] == 6
+            status = app.campaign_status(campaign_id)
+            assert (status.status, status.paused_reason) == ("paused", "bounce_rate")
+    assert status.sent < len(emails)
+    app.close()

@@ -298,6 +298,16 @@ SELECT b.enqueued AS total,
        count(j.id) FILTER (WHERE j.status = 'sent') AS sent,
        count(j.id) FILTER (WHERE j.status = 'failed') AS failed,
        count(j.id) FILTER (WHERE j.status = 'failed' AND j.failure_reason = 'bounced') AS bounced,
+       -- What came back after the send (SES notifications, bounces by mail), one per job: hard
+       -- (a permanent bounce), soft (the others, unless the job also bounced hard), complaints.
+       (SELECT count(DISTINCT e.job_id) FROM delivery_events e
+         WHERE e.broadcast_id = b.id AND e.kind = 'bounce' AND e.bounce_type = 'Permanent') AS later_hard,
+       (SELECT count(DISTINCT e.job_id) FROM delivery_events e
+         WHERE e.broadcast_id = b.id AND e.kind = 'bounce' AND e.bounce_type IS DISTINCT FROM 'Permanent'
+           AND NOT EXISTS (SELECT FROM delivery_events h WHERE h.job_id = e.job_id AND h.kind = 'bounce'
+                                                           AND h.bounce_type = 'Permanent')) AS later_soft,
+       (SELECT count(DISTINCT e.job_id) FROM delivery_events e
+         WHERE e.broadcast_id = b.id AND e.kind = 'complaint') AS complaints,
        (SELECT coalesce(json_object_agg(r.reason, r.jobs ORDER BY r.jobs DESC, r.reason), '{}')
           FROM (SELECT coalesce(x.failure_reason, 'unknown') AS reason, count(*) AS jobs
                   FROM broadcast_jobs x
@@ -769,7 +779,7 @@ UPDATE campaigns
 RETURNING broadcast_id;
 
 -- name: campaign_bounce_check
--- After a bounce: the bounce-rate breaker. More than `rate` of the broadcast's last `window`
+-- After a bounce, at the send or later by mail or notification: the bounce-rate breaker. More than `rate` of the broadcast's last `window`
 -- results, or more than `early_bounces` of its first `early_window`, bounced: pause the campaign
 -- (reason bounce_rate) and remember where that window began, so the suppressions it made can be
 -- undone (campaign_unsuppress). Results are final verdicts (sent, bounced, failed: not retries,
@@ -778,20 +788,29 @@ RETURNING broadcast_id;
 WITH counted AS MATERIALIZED (
     SELECT bounce_count_from FROM campaigns WHERE id = %(campaign_id)s
 ), recent AS (
-    SELECT id, outcome FROM delivery_attempts
+    SELECT id, job_id, outcome FROM delivery_attempts
      WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'fail') AND NOT claim_lost
        AND id >= (SELECT bounce_count_from FROM counted)
      ORDER BY id DESC LIMIT %(window)s
 ), early AS (
-    SELECT id, outcome FROM delivery_attempts
+    SELECT id, job_id, outcome FROM delivery_attempts
      WHERE broadcast_id = %(broadcast_id)s AND outcome IN ('sent', 'bounce', 'fail') AND NOT claim_lost
        AND id >= (SELECT bounce_count_from FROM counted)
      ORDER BY id LIMIT %(early_window)s
+), later AS (
+    -- A message sent, then bounced hard after the send (a DSN, a provider's notification), is a
+    -- bounce of the window it was sent in.
+    SELECT DISTINCT e.job_id FROM delivery_events e
+     WHERE e.broadcast_id = %(broadcast_id)s AND e.kind = 'bounce' AND e.bounce_type = 'Permanent'
 ), verdict AS (
     SELECT CASE
-             WHEN (SELECT count(*) FROM early WHERE outcome = 'bounce') > %(early_bounces)s
+             WHEN (SELECT count(*) FROM early
+                    WHERE outcome = 'bounce' OR (outcome = 'sent' AND job_id IN (SELECT job_id FROM later)))
+                  > %(early_bounces)s
                THEN (SELECT min(id) FROM early)
-             WHEN (SELECT count(*) FROM recent WHERE outcome = 'bounce') > %(rate)s::float8 * %(window)s
+             WHEN (SELECT count(*) FROM recent
+                    WHERE outcome = 'bounce' OR (outcome = 'sent' AND job_id IN (SELECT job_id FROM later)))
+                  > %(rate)s::float8 * %(window)s
                THEN (SELECT min(id) FROM recent)
            END AS window_from
 ), tripped AS (
