@@ -212,3 +212,124 @@ def duplicates_and_in_doubt(app, sink, emails) -> tuple[set[str], set[str]]:
             "SELECT DISTINCT j.email FROM delivery_attempts a JOIN broadcast_jobs j ON j.id = a.job_id "
             "WHERE a.in_doubt")}
     return {email for email, n in delivered.items() if n > 1}, in_doubt
+
+
+_DOVECOT_CONF = """\
+protocols = imap pop3
+listen = 127.0.0.1
+base_dir = {root}/run
+state_dir = {root}/state
+log_path = {root}/dovecot.log
+ssl = no
+disable_plaintext_auth = no
+auth_mechanisms = plain login
+{users}
+passdb {{
+  driver = passwd-file
+  args = scheme=PLAIN username_format=%u {root}/users
+}}
+userdb {{
+  driver = static
+  args = uid={uid} gid={gid} home={root}/home/%u
+}}
+mail_location = maildir:~/Maildir
+namespace inbox {{
+  inbox = yes
+  mailbox Processed {{
+    auto = create
+  }}
+}}
+service imap-login {{
+  inet_listener imap {{
+    port = {imap_port}
+  }}
+  inet_listener imaps {{
+    port = 0
+  }}
+  chroot =
+}}
+service pop3-login {{
+  inet_listener pop3 {{
+    port = {pop3_port}
+  }}
+  inet_listener pop3s {{
+    port = 0
+  }}
+  chroot =
+}}
+service anvil {{
+  chroot =
+}}
+"""
+
+
+class Dovecot:
+    """A real IMAP and POP3 server (Debian's dovecot-imapd and dovecot-pop3d, which .ci/run
+    installs) with one mailbox, ``USER``/``PASSWORD``, in a folder of its own."""
+
+    USER, PASSWORD = "bounces", "mailbox-password"
+
+    def __init__(self) -> None:
+        import pwd
+        import shutil
+        import tempfile
+
+        from senddock.sink import free_port
+
+        binary = shutil.which("dovecot") or "/usr/sbin/dovecot"
+        if not Path(binary).exists():
+            raise AssertionError("dovecot is not installed: apt-get install dovecot-imapd dovecot-pop3d "
+                                 "(.ci/run does)")
+        self.root = Path(tempfile.mkdtemp(prefix="senddock-dovecot-"))
+        self.root.chmod(0o755)
+        (self.root / "home").mkdir(mode=0o777)
+        (self.root / "home").chmod(0o777)
+        (self.root / "users").write_text(f"{self.USER}:{{PLAIN}}{self.PASSWORD}\n", encoding="utf-8")
+        if os.getuid() == 0:  # dovecot will not run a mailbox as root: as nobody, then
+            nobody = pwd.getpwnam("nobody")
+            uid, gid, users = nobody.pw_uid, nobody.pw_gid, ""
+        else:  # not root: everything runs as this user
+            me = pwd.getpwuid(os.getuid()).pw_name
+            uid, gid = os.getuid(), os.getgid()
+            users = f"default_login_user = {me}\ndefault_internal_user = {me}\n"
+        self.imap_port, self.pop3_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        (self.root / "dovecot.conf").write_text(_DOVECOT_CONF.format(
+            root=self.root, uid=uid, gid=gid, users=users, imap_port=self.imap_port, pop3_port=self.pop3_port))
+        self._binary = binary
+
+    def __enter__(self) -> "Dovecot":
+        import socket
+
+        subprocess.run([self._binary, "-c", str(self.root / "dovecot.conf")], check=True)
+
+        def listening() -> bool:
+            try:
+                socket.create_connection(("127.0.0.1", self.imap_port), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+        wait_for(listening, 20, "dovecot")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import shutil
+
+        subprocess.run([self._binary, "-c", str(self.root / "dovecot.conf"), "stop"], check=False)
+        wait_for(lambda: not (self.root / "run" / "master.pid").exists(), 20, "dovecot to stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def imap(self):
+        from imap_tools import MailBoxUnencrypted
+
+        return MailBoxUnencrypted("127.0.0.1", self.imap_port).login(self.USER, self.PASSWORD)
+
+    def deliver(self, *messages: bytes) -> None:
+        """Put messages in the INBOX, as the MX's delivery would."""
+        with self.imap() as box:
+            for message in messages:
+                box.append(message, "INBOX")
+
+    def count(self, folder: str = "INBOX") -> int:
+        with self.imap() as box:
+            box.folder.set(folder)
+            return len(box.uids())

@@ -21,6 +21,10 @@ def add_commands(group, command) -> None:
     command(group, "receive", receive,
             "receive bounces and complaints by SMTP on bounces.receive.listen (behind the MX or a relay's "
             "transport map); 250 only once recorded")
+    p = command(group, "fetch", fetch,
+                "read the bounce mailbox (bounces.mailbox: IMAP or POP3) and apply each message, deleting or "
+                "moving it only once applied")
+    p.add_argument("--watch", action="store_true", help="keep reading it every bounces.mailbox.interval")
     p = command(group, "ingest", ingest,
                 "apply bounce and complaint messages from files: suppress, count, record (a Maildir's messages "
                 "move to cur/ once applied)")
@@ -65,6 +69,56 @@ def receive(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+def fetch(args: argparse.Namespace, out: Output) -> int:
+    from senddock.bounces.mailbox import mailbox_errors, mailbox_settings, open_mailbox
+    from senddock.cli.engine import stop_on_signals
+    from senddock.core.mail_events import OUTCOMES
+
+    config = open_config(args)
+    settings = mailbox_settings(config)
+    errors = mailbox_errors()
+    totals: dict[str, Any] = {"messages": 0, **dict.fromkeys(OUTCOMES, 0), "replayed": 0, "suppressed": 0,
+                              "problems": []}
+    stop = threading.Event()
+    if args.watch:
+        stop_on_signals(stop.set)
+    with open_senddock(args) as sd:
+        sd.ensure_schema()
+        while True:
+            try:
+                with open_mailbox(settings, config.folder) as box:
+                    for item in box.messages():
+                        result = sd.apply_mail(item.raw, via="fetch", origin=f"{settings.label}#{item.uid}")
+                        _count(totals, result)
+                        if result.hooks_failed:
+                            totals["problems"].append(f"{settings.label}#{item.uid}: on_bounced failed; "
+                                                      "it stays in the mailbox for the next fetch")
+                            continue
+                        box.done(item.uid)
+                        if stop.is_set():
+                            break
+            except errors as exc:
+                problem = f"{settings.label}: {_mailbox_error(exc)}"
+                totals["problems"].append(problem)
+                out.problem(f"senddock: {problem}")
+            if not args.watch or stop.wait(settings.interval):
+                break
+    out.result(totals, lambda: _ingest_summary(totals))
+    return EXIT_PROBLEMS if totals["problems"] else EXIT_OK
+
+
+def _mailbox_error(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
+
+def _count(totals: dict[str, Any], result) -> None:
+    totals["messages"] += 1
+    totals[result.outcome] += 1
+    totals["replayed"] += result.replayed
+    totals["suppressed"] += result.suppressed
+
+
 def ingest(args: argparse.Namespace, out: Output) -> int:
     from senddock.bounces.sources import SourceError, read_paths
     from senddock.core.mail_events import OUTCOMES
@@ -80,10 +134,7 @@ def ingest(args: argparse.Namespace, out: Output) -> int:
                 out.problem(f"senddock: {item}")
                 continue
             result = sd.apply_mail(item.raw, via="ingest", origin=item.source)
-            totals["messages"] += 1
-            totals[result.outcome] += 1
-            totals["replayed"] += result.replayed
-            totals["suppressed"] += result.suppressed
+            _count(totals, result)
             if result.hooks_failed:
                 totals["problems"].append(f"{item.source}: on_bounced failed; ingest it again later")
                 continue
