@@ -34,8 +34,7 @@ def parse_mail(config: Config, raw: bytes, envelope_recipients: Iterable[str] = 
     limit = parse_size(section.get("max_message_size") or "10MiB")
     if len(raw) > limit:
         report = BounceReport(MailReportKind.NOT_BOUNCE, parser="limit",
-                              reason=f"not read: {format_size(len(raw))} is over bounces.max_message_size "
-                                     f"({format_size(limit)})")
+                              reason=f"not read: larger than bounces.max_message_size ({format_size(limit)})")
         return ParsedMail(report, JobMatch(), _hash_key(raw), len(raw), too_large=True)
     message = email.message_from_bytes(raw, policy=email.policy.default)
     report = _report(config, message)

@@ -148,6 +148,10 @@ class BounceReceiver:
         self._controller.start()
         return self
 
+    on_stop: Callable[[], None] | None = None  # e.g. close the database the receiver applies to
+
     def stop(self) -> None:
         self._controller.stop()
         self._executor.shutdown(wait=True)
+        if self.on_stop is not None:
+            self.on_stop()

@@ -118,6 +118,31 @@ def _server_class():
     return Server
 
 
+def _bounce_receiver(args: argparse.Namespace, config):
+    """`bounces receive` inside serve, when bounces.receive.in_serve says so; None otherwise."""
+    if not (config.section("bounces").get("receive") or {}).get("in_serve"):
+        return None
+    import structlog
+
+    from senddock.bounces.receiver import BounceReceiver, receive_settings
+
+    settings = receive_settings(config)
+    sd = open_senddock(args)
+
+    def apply(raw: bytes, origin: str | None, recipients) -> object:
+        return sd.apply_mail(raw, via="receive", origin=origin, envelope_recipients=recipients)
+
+    try:
+        receiver = BounceReceiver(settings, apply).start()
+    except OSError as exc:
+        sd.close()
+        raise UsageError(f"bounces.receive.listen: cannot listen on {settings.host}:{settings.port}: "
+                         f"{exc.strerror or exc}") from None
+    structlog.get_logger(__name__).info("bounce_receiver_started", listen=f"{settings.host}:{receiver.port}")
+    receiver.on_stop = sd.close
+    return receiver
+
+
 def serve(args: argparse.Namespace, out: Output) -> int:
     import structlog
     import uvicorn
@@ -133,6 +158,7 @@ def serve(args: argparse.Namespace, out: Output) -> int:
     settings = config.section("serve")
     with open_senddock(args) as sd:
         sd.ensure_schema()
+    receiver = _bounce_receiver(args, config)
     db = Database(config.database, application_name="senddock-serve")
     app = create_app(config, db)
     host, port = args.host or settings["host"], args.port or settings["port"]
@@ -149,6 +175,8 @@ def serve(args: argparse.Namespace, out: Output) -> int:
         server.run()
     finally:
         db.close()
+        if receiver is not None:
+            receiver.stop()
     if not server.started:
         raise UsageError(f"cannot serve on {host}:{port} (is the port taken?)")
     out.result({"stopped": True}, "stopped")

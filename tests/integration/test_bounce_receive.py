@@ -140,3 +140,34 @@ def test_451_when_nothing_could_be_recorded_552_when_too_large_421_when_full():
                 assert refused.value.smtp_code == 421
     finally:
         server.stop()
+
+
+def test_the_receiver_also_runs_inside_serve(make_config, database_dsn, monkeypatch):
+    monkeypatch.setenv("BOUNCE_SECRET", SECRET)
+    port, web_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    with Sink("127.0.0.1", 0) as relay:
+        settings = fast_settings(relay.port)
+        settings["smtp"]["return_path"] = "bounces+{token}@example.com"
+        settings["bounces"] = {"secret": "${BOUNCE_SECRET}",
+                               "receive": {"listen": f"127.0.0.1:{port}", "in_serve": True}}
+        settings["serve"] = {"port": web_port}
+        app = Senddock(make_config(settings))
+        make_broadcast(app, ["gone@example.net"])
+        drain(app.config)
+        [message] = relay.received
+    env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn, "BOUNCE_SECRET": SECRET}
+    process = subprocess.Popen([senddock_executable(), "serve", "-c", str(app.config.path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        wait_for(lambda: listening(port) or process.poll() is not None, 30, "serve's bounce receiver")
+        assert process.poll() is None, process.stderr.read()
+        with smtplib.SMTP("127.0.0.1", port, timeout=30) as client:
+            assert client.sendmail("", [message.sender], dsn(message.sender, "gone@example.net",
+                                                             message.message_id)) == {}
+        assert suppressed(app) == {"gone@example.net": "bounced"}
+        assert listening(web_port)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert process.returncode == 0
+    app.close()
