@@ -32,6 +32,7 @@ _OURS = re.compile(
     r"spam|blocked|blacklist|blocklist|spamhaus|policy|reputation|rate limit|too many|"
     r"message (?:size|too (?:big|large))|content|virus|dmarc|spf|dkim|authentication",
     re.IGNORECASE)
+_GENERIC = ("5.0.0", "5.5.0")
 # Status subjects about our message or our sending: X.3.4 too big, X.5 protocol, X.6 content, X.7 policy.
 _OURS_STATUS = re.compile(r"[45]\.(?:3\.4|5\.\d+|6\.\d+|7\.\d+)")
 
@@ -57,8 +58,9 @@ def blames_us(status: str | None, text: str | None) -> bool:
 
 def failure_kind(status: str | None, diagnostic: str | None) -> MailReportKind:
     """Hard or soft, for a delivery that failed (a DSN's ``Action: failed``, a legacy bounce)."""
-    if status is None or status.startswith("5.0."):
-        # No status, or 5.0.0 ("other"): the text decides, and only a plain "no such user" is hard.
+    if status is None or status in _GENERIC:
+        # No status, or one that says nothing (5.0.0 "other"; 5.5.0, Outlook.com's answer for a
+        # mailbox that does not exist): the text decides, and only a plain "no such user" is hard.
         text = diagnostic or ""
         dead = _DEAD_ADDRESS.search(text) and not not_the_address(text)
         return MailReportKind.HARD if dead else MailReportKind.SOFT
