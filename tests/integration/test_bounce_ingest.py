@@ -183,6 +183,13 @@ def test_soft_bounces_suppress_at_the_limit_and_policy_refusals_never(cli, sent,
                                                  diagnostic="452 4.2.2 Mailbox full"))
             for i in range(3)]
     assert cli("bounces", "ingest", *full[:2], "-c", config, "--json").json["suppressed"] == 0
+    with app.db.connection() as conn:  # a delivery in between (as an SES notification records one)...
+        conn.execute("INSERT INTO delivery_events (event_key, email, kind, suppresses) "
+                     "VALUES ('delivered-1', 'user2@example.net', 'delivery', false)")
+    after_delivery = [write(tmp_path, f"later{i}.eml", dsn(return_path, "user2@example.net", message_id,
+                                                            status="4.2.2", diagnostic="452 4.2.2 Mailbox full"))
+                      for i in range(2)]
+    assert cli("bounces", "ingest", *after_delivery, "-c", config, "--json").json["suppressed"] == 0  # ...counts anew
     third = cli("bounces", "ingest", full[2], "-c", config, "--json")
     assert third.json["suppressed"] == 1  # bounces.soft.limit: 3 within 30 days
     assert suppressed(app) == {"user2@example.net": "bounced"}
