@@ -37,6 +37,12 @@ def sent(make_config, monkeypatch):
     app.close()
 
 
+def returned(message_id: str, recipient: str) -> str:
+    """The last part of a report: our message's headers, as the reporting server returns them."""
+    return (f"--B\nContent-Type: text/rfc822-headers\n\nMessage-ID: {message_id}\nFrom: news@example.com\n"
+            f"To: {recipient}\nSubject: Hello\n\n--B--\n")
+
+
 def dsn(return_path: str, recipient: str, returned_id: str, *, status: str = "5.1.1", action: str = "failed",
         diagnostic: str = "550 5.1.1 <{r}>: Recipient address rejected: User unknown") -> bytes:
     """A Postfix-style delivery status notification to ``return_path``, quoting our headers."""
@@ -64,16 +70,7 @@ Action: {action}
 Status: {status}
 Diagnostic-Code: smtp; {diagnostic.format(r=recipient)}
 
---B
-Content-Type: text/rfc822-headers
-
-Message-ID: {returned_id}
-From: news@example.com
-To: {recipient}
-Subject: Hello
-
---B--
-""".encode()
+{returned(returned_id, recipient)}""".encode()
 
 
 def arf(return_path: str, recipient: str, returned_id: str) -> bytes:
@@ -100,16 +97,7 @@ Version: 1
 Original-Mail-From: <{return_path}>
 Original-Rcpt-To: <{recipient}>
 
---B
-Content-Type: text/rfc822-headers
-
-Message-ID: {returned_id}
-From: news@example.com
-To: {recipient}
-Subject: Hello
-
---B--
-""".encode()
+{returned(returned_id, recipient)}""".encode()
 
 
 def vacation(return_path: str) -> bytes:
