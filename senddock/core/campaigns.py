@@ -131,7 +131,8 @@ class CampaignStatus:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "bounces": self.bounce_summary, "pacing": [limit.as_dict() for limit in self.pacing]}
+        counts = {k: v for k, v in asdict(self).items() if k not in ("later_hard", "later_soft", "complaints")}
+        return {**counts, "bounces": self.bounce_summary, "pacing": [limit.as_dict() for limit in self.pacing]}
 
 
 # Gmail's and Yahoo's bulk sender rules (2024): keep spam complaints below 0.3%.

@@ -193,7 +193,8 @@ SELECT (SELECT count(*) FROM campaign_lists WHERE campaign_id = %(campaign_id)s)
 -- (no foreign keys on the queue's tables, so nothing else would remove them). The foreign keys
 -- between campaigns and broadcasts point both ways; both rows go in this statement, and the checks
 -- run at its end. Suppressions its bounces made are kept: they protect the list, whatever became
--- of the campaign. in_flight counts deleted jobs that were being sent (re-read after any claim
+-- of the campaign. So are the inbound_mail rows of its bounces by mail: a message read is known
+-- as read, and arriving again it is a replay. in_flight counts deleted jobs that were being sent (re-read after any claim
 -- that held them committed): the caller rolls back when it is not 0.
 WITH lists AS (
     DELETE FROM campaign_lists WHERE campaign_id = %(campaign_id)s RETURNING 1
