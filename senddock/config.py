@@ -346,10 +346,14 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
             return _json_path(tuple(error.absolute_path) + (key,)), f"unknown key {key!r}{hint}"
-    if _is_secret_path(tuple(error.absolute_path)) and isinstance(error.instance, str):
+    if _is_secret_path(tuple(error.absolute_path)):
         # Whatever is wrong with a secret, its value is not printed.
         if error.validator == "minLength":
             return error.json_path, f"is too short: at least {error.validator_value} characters"
+        if error.validator == "type":
+            kind = {int: "number", float: "number", bool: "boolean", list: "list", dict: "mapping"}.get(
+                type(error.instance), type(error.instance).__name__)
+            return error.json_path, f"must be text from the environment (${{NAME}}), not a {kind}"
         return error.json_path, error.message.replace(repr(error.instance), MASK)
     if error.validator == "type" and error.schema.get("duration"):
         return error.json_path, _not_a_duration(error.instance)
@@ -517,6 +521,9 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
     serve = data["serve"]
     if bool(serve["tls_cert_file"]) != bool(serve["tls_key_file"]):
         yield "$.serve", "tls_cert_file and tls_key_file go together"
+    if parse_size(data["bounces"]["max_message_size"]) < 1024:
+        yield "$.bounces.max_message_size", (f"must be at least 1KiB ({data['bounces']['max_message_size']!r}): "
+                                             "a delivery status notification alone is larger")
     if parse_size(serve["max_body"]) < 1024:
         yield "$.serve.max_body", f"must be at least 1KiB ({serve['max_body']!r}): an SNS notification alone is larger"
     for key in ("body_timeout", "header_timeout", "keep_alive_timeout", "sns_certificate_timeout"):

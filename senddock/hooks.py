@@ -204,8 +204,10 @@ def parse_bounce_message(message: EmailMessage, config: PluginConfig) -> BounceR
     path the message came back to, or the returned message's Message-ID), never by a parser.
     Raise nothing: a message you cannot read is None (the next parser tries it).
 
-    :param message: the whole message, parsed with ``email.policy.default`` (it may be
-        malformed: look at ``message.defects`` before trusting its structure).
+    :param message: the whole message, parsed with ``email.policy.default`` except that a header
+        field is read for its first 8 KiB (the package's header parsing grows with the square of a
+        header's size; anyone can mail the bounce address). It may be malformed: look at
+        ``message.defects`` before trusting its structure.
     :param config: the validated configuration.
     :return: a :class:`~senddock.outcome.BounceReport`, or None when the message is not in a
         format this plugin reads.

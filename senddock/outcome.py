@@ -245,6 +245,8 @@ class ProviderEvent:
     :ivar diagnostic: the remote server's text or the provider's.
     :ivar job_id: the job, when the provider echoes it back (message tags).
     :ivar occurred_at: when it happened, ISO 8601, as the provider says.
+    :ivar about_recipient: False for a transient bounce that refused our message rather than the
+        address (content, size, policy): it never counts towards ``bounces.soft.limit``.
     """
 
     kind: str
@@ -257,6 +259,7 @@ class ProviderEvent:
     diagnostic: str = ""
     job_id: int | None = None
     occurred_at: str | None = None
+    about_recipient: bool = True
 
 
 class MailReportKind(str, enum.Enum):
@@ -267,6 +270,16 @@ class MailReportKind(str, enum.Enum):
     COMPLAINT = "complaint"  # an ARF abuse report: suppress, always
     AUTO_REPLY = "auto_reply"  # vacation, out-of-office, challenge-response: never a bounce
     NOT_BOUNCE = "not_bounce"  # anything else: a person's reply, a delay warning, a delivery report
+
+
+@dataclass(frozen=True)
+class RecipientStatus:
+    """One recipient's fate in a report that gives each its own (a DSN's per-recipient block)."""
+
+    address: str
+    kind: MailReportKind
+    status: str | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -282,6 +295,8 @@ class BounceReport:
     :ivar status: the RFC 3463 status (``5.1.1``) that decided the kind, when there is one.
     :ivar reason: the receiving server's text (a DSN's Diagnostic-Code), or what the parser saw.
     :ivar parser: which parser recognised the message (``dsn``, ``arf``, ``auto_reply``, ``legacy``...).
+    :ivar per_recipient: each recipient's own kind, status and reason when the format gives them
+        (a DSN naming several): the job's own address is judged by its own line, not the worst.
     """
 
     kind: MailReportKind
@@ -289,6 +304,7 @@ class BounceReport:
     status: str | None = None
     reason: str | None = None
     parser: str = ""
+    per_recipient: tuple[RecipientStatus, ...] = ()
 
 
 class EventError(ValueError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from email.message import EmailMessage, Message
 
 from senddock.bounces.status import failure_kind, status_in
-from senddock.outcome import BounceReport, MailReportKind
+from senddock.outcome import BounceReport, MailReportKind, RecipientStatus
 
 MAX_RECIPIENTS = 1000  # a DSN naming more is read this far (only the job's own address counts anyway)
 
@@ -42,7 +42,8 @@ def parse(message: EmailMessage) -> BounceReport | None:
     kind = MailReportKind.HARD if any(k is MailReportKind.HARD for _, k, _, _ in failed) else MailReportKind.SOFT
     _, _, status, diagnostic = next(f for f in failed if f[1] is kind)
     recipients = tuple(dict.fromkeys(r for r, _, _, _ in failed))
-    return BounceReport(kind, recipients, status, diagnostic, parser="dsn")
+    return BounceReport(kind, recipients, status, diagnostic, parser="dsn",
+                        per_recipient=tuple(RecipientStatus(*f) for f in failed))
 
 
 def _status_part(message: EmailMessage) -> Message | None:

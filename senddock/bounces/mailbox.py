@@ -64,8 +64,12 @@ def mailbox_settings(config: Config) -> MailboxSettings:
                          "from the environment")
     if not section.get("password"):
         raise UsageError("bounces.mailbox.password: required (${SENDDOCK_BOUNCES_MAILBOX_PASSWORD})")
+    try:
+        port = url.port or DEFAULT_PORTS[(protocol, security)]
+    except ValueError:  # "imap://u@h:99999", "imap://u@h:abc"
+        raise UsageError(f"bounces.mailbox.url: {url.netloc.rpartition('@')[2]!r} is no host:port") from None
     return MailboxSettings(
-        protocol=protocol, host=url.hostname, port=url.port or DEFAULT_PORTS[(protocol, security)],
+        protocol=protocol, host=url.hostname, port=port,
         user=unquote(url.username), password=section["password"], folder=unquote(url.path.strip("/")) or "INBOX",
         security=security, verify=section.get("verify", True), ca_file=section.get("ca_file"), after=after,
         interval=parse_duration(section.get("interval", "1m")), timeout=parse_duration(section.get("timeout", "30s")))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import glob
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,8 @@ from senddock.sink import free_port
 from senddock.sizes import parse_size
 
 log = structlog.get_logger(__name__)
+
+IDLE_TIMEOUT = 60  # seconds a session may sit idle (aiosmtpd's default, 300, lets a few clients hold every slot)
 
 Apply = Callable[[bytes, str, Sequence[str]], object]  # (raw, origin, RCPT TO addresses) -> outcome
 
@@ -53,9 +56,10 @@ def receive_settings(config: Config) -> ReceiveSettings:
         if "{token}" not in template:
             raise UsageError("bounces.receive.addresses: say which recipients to accept (e.g. "
                              "[\"bounces+*@example.com\"]); smtp.return_path has no {token} to derive them from")
-        addresses = [template.replace("{token}", "*")]
+        # Escaped first: an address literal's brackets are no character class.
+        addresses = [glob.escape(template).replace("{token}", "*")]
     return ReceiveSettings(host.strip("[]"), int(port), tuple(addresses),
-                           parse_size(section.get("max_message_size") or "10MiB"),
+                           parse_size(section.get("max_message_size", "10MiB")),
                            receive.get("max_connections", 20))
 
 
@@ -88,6 +92,9 @@ class _Handler:
         except Exception as exc:  # noqa: BLE001 - the sender keeps the message and tries again
             log.error("bounce_receive_failed", origin=origin, error=f"{type(exc).__name__}: {exc}"[:300])
             return "451 4.3.0 Not recorded, try again later"
+        if getattr(outcome, "hooks_failed", False):
+            # Recorded, but on_bounced failed: only the message arriving again re-runs it.
+            return "451 4.3.0 Not applied yet, try again later"
         return f"250 2.0.0 Recorded: {getattr(outcome, 'outcome', 'ok')}"
 
 
@@ -138,7 +145,8 @@ class BounceReceiver:
 
         self._controller = _Controller(
             handler, hostname=settings.host, port=settings.port or free_port(settings.host), data_size_limit=settings.max_message_size,
-            enable_SMTPUTF8=True, ident="senddock bounces", server_hostname=None)
+            enable_SMTPUTF8=True, ident="senddock bounces", server_hostname=None,
+            timeout=IDLE_TIMEOUT)
 
     @property
     def port(self) -> int:

@@ -8,6 +8,7 @@ mbox, counted from 1) and, for a Maildir, a way to file it under ``cur/`` once a
 from __future__ import annotations
 
 import mailbox
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,24 +25,25 @@ class SourceMail:
     done: Callable[[], None] | None = None  # files the message as read (a Maildir's cur/)
 
 
-def read_paths(paths: list[str], max_size: int) -> Iterator[SourceMail | SourceError]:
+def read_paths(paths: list[str], max_size: int, *, read_too: bool = True) -> Iterator[SourceMail | SourceError]:
     """Every message of every path, in order; a path that cannot be read yields its SourceError
     (and the others are still read). A message over ``max_size`` bytes comes cut at max_size + 1:
-    enough to say it is too large without holding it."""
+    enough to say it is too large without holding it. ``read_too``: a Maildir's ``cur/`` as well
+    as its ``new/`` (ingest reads ``new/`` alone: what it filed under ``cur/`` is done)."""
     for path in paths:
         try:
-            yield from _read(Path(path), path, max_size)
+            yield from _read(Path(path), path, max_size, read_too)
         except SourceError as exc:
             yield exc
         except OSError as exc:
             yield SourceError(f"{path}: {exc.strerror or exc}")
 
 
-def _read(path: Path, label: str, max_size: int) -> Iterator[SourceMail]:
+def _read(path: Path, label: str, max_size: int, read_too: bool) -> Iterator[SourceMail]:
     if path.is_dir():
         if not all((path / sub).is_dir() for sub in ("cur", "new", "tmp")):
             raise SourceError(f"{label}: a folder that is no Maildir (it needs cur/, new/ and tmp/)")
-        yield from _maildir(path, label, max_size)
+        yield from _maildir(path, label, max_size, read_too)
     elif not path.exists():
         raise SourceError(f"{label}: no such file or folder")
     elif _is_mbox(path):
@@ -60,22 +62,22 @@ def _is_mbox(path: Path) -> bool:
         return file.read(5) == b"From "
 
 
-def _maildir(path: Path, label: str, max_size: int) -> Iterator[SourceMail]:
-    box = mailbox.Maildir(path, factory=None, create=False)
-    # Keys start with the delivery time: in name order, the same numbering every run.
-    for n, key in enumerate(sorted(box.iterkeys()), 1):
-        with box.get_file(key) as file:
-            raw = file.read(max_size + 1)
-        yield SourceMail(f"{label}#{n}", raw, done=_filer(box, key))
+def _maildir(path: Path, label: str, max_size: int, read_too: bool) -> Iterator[SourceMail]:
+    # Maildir (maildir(5)): one file per message, delivered into new/; a reader that has seen one
+    # renames it into cur/ with an info suffix. Names start with the delivery time: in name order,
+    # the same numbering every run.
+    folders = ("new", "cur") if read_too else ("new",)
+    files = [path / folder / name for folder in folders
+             for name in sorted(os.listdir(path / folder)) if not name.startswith(".")]
+    for n, file in enumerate(files, 1):
+        yield SourceMail(f"{label}#{n}", _head(file, max_size),
+                         done=_filer(file) if file.parent.name == "new" else None)
 
 
-def _filer(box: mailbox.Maildir, key: str) -> Callable[[], None]:
+def _filer(file: Path) -> Callable[[], None]:
     def done() -> None:
-        message = box.get_message(key)
-        if message.get_subdir() == "new":
-            message.set_subdir("cur")
-            message.add_flag("S")
-            box[key] = message
+        # A rename: the message's bytes stay as delivered. ":2,S": seen (maildir(5)).
+        os.rename(file, file.parent.parent / "cur" / f"{file.name}:2,S")
     return done
 
 

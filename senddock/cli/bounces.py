@@ -127,8 +127,8 @@ def ingest(args: argparse.Namespace, out: Output) -> int:
     totals: dict[str, Any] = {"messages": 0, **{o: 0 for o in OUTCOMES}, "replayed": 0, "suppressed": 0,
                               "problems": []}
     with open_senddock(args) as sd:
-        limit = parse_size(sd.config.section("bounces").get("max_message_size") or "10MiB")
-        for item in read_paths(args.paths, limit):
+        limit = parse_size(sd.config.section("bounces").get("max_message_size", "10MiB"))
+        for item in read_paths(args.paths, limit, read_too=False):
             if isinstance(item, SourceError):
                 totals["problems"].append(str(item))
                 out.problem(f"senddock: {item}")
@@ -160,7 +160,7 @@ def parse(args: argparse.Namespace, out: Output) -> int:
     from senddock.sizes import parse_size
 
     config = open_config(args)
-    limit = parse_size(config.section("bounces").get("max_message_size") or "10MiB")
+    limit = parse_size(config.section("bounces").get("max_message_size", "10MiB"))
     rows: list[dict[str, Any]] = []
     forged: dict[str, str | None] = {}  # shown in the table; the JSON lines keep issue 15's six keys
     problems = 0

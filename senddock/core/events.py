@@ -11,6 +11,7 @@ returned, so a crash in between re-runs them when the notification arrives again
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any
 
 import pluggy
@@ -22,7 +23,7 @@ from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.queries import query
 from senddock.durations import parse_duration
-from senddock.mail.mime import ascii_address
+from senddock.mail.mime import comparable_address
 from senddock.outcome import (
     Bounce,
     BounceKind,
@@ -56,7 +57,7 @@ def apply_events(
     applied = Applied()
     with db.connection() as conn, conn.transaction():
         jobs = [_job_for(conn, event) for event in events]
-        events = [_soft_policy(conn, config, event) for event in events]
+        events = [_soft_policy(conn, config, event, job) for event, job in zip(events, jobs)]
         rows = [_record(conn, event, job) for event, job in zip(events, jobs)]
     for event, job, row in zip(events, jobs, rows):
         if row["new"] and event.kind == "bounce" and event.bounce_type == "Permanent":
@@ -101,23 +102,38 @@ def _job_for(conn: psycopg.Connection, event: ProviderEvent) -> dict[str, Any]:
         if job is None and event.job_id is not None:
             job = cur.execute(query("event_job_by_id"), {"job_id": event.job_id}).fetchone()
     # Transports send internationalised domains in their IDNA form, which is what providers report.
-    if job is None or ascii_address(job["email"]).lower() != ascii_address(event.email).lower():
+    if job is None or comparable_address(job["email"]) != comparable_address(event.email):
         what = f"message id {event.provider_message_id}" if event.provider_message_id else f"job {event.job_id}"
         raise UnknownMessage(f"no job sent {what} to {event.email}")
     return job
 
 
-def _soft_policy(conn: psycopg.Connection, config: Config, event: ProviderEvent) -> ProviderEvent:
+def _soft_policy(conn: psycopg.Connection, config: Config, event: ProviderEvent, job: dict[str, Any]) -> ProviderEvent:
     """A soft bounce (Transient) suppresses once it is the ``bounces.soft.limit``-th of its
     address within ``bounces.soft.window``, with no delivery in between: mailbox full for weeks
     is as dead as an address gets, once is a holiday."""
-    if event.kind != "bounce" or event.bounce_type != "Transient" or event.suppresses:
+    if event.kind != "bounce" or event.bounce_type != "Transient" or event.suppresses or not event.about_recipient:
         return event
     soft = config.section("bounces").get("soft") or {}
-    params = {"email": event.email, "event_key": event.event_key,
-              "window": parse_duration(soft.get("window", "30d"))}
-    earlier = conn.execute(query("soft_bounces_recent"), params).fetchone()[0]
-    return replace(event, suppresses=earlier + 1 >= soft.get("limit", 3))
+    window = parse_duration(soft.get("window", "30d"))
+    if _age(event.occurred_at) > window:
+        return event  # an old report (an archive, a backlog): recorded, it counts for nothing now
+    params = {"email": event.email, "job_id": job["id"], "window": window}
+    others = conn.execute(query("soft_bounces_recent"), params).fetchone()[0]
+    return replace(event, suppresses=others + 1 >= soft.get("limit", 3))
+
+
+def _age(occurred_at: str | None) -> float:
+    """Seconds since an ISO 8601 time (0 when unknown, unreadable or in the future)."""
+    if not occurred_at:
+        return 0.0
+    try:
+        when = datetime.fromisoformat(occurred_at.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (datetime.now(timezone.utc) - when).total_seconds())
 
 
 def _record(conn: psycopg.Connection, event: ProviderEvent, job: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +142,7 @@ def _record(conn: psycopg.Connection, event: ProviderEvent, job: dict[str, Any])
         "provider_message_id": event.provider_message_id, "email": event.email, "kind": event.kind,
         "bounce_type": event.bounce_type, "sub_type": event.sub_type, "suppresses": event.suppresses,
         "diagnostic": event.diagnostic[:2000].replace("\x00", ""), "occurred_at": event.occurred_at,
+        "about_recipient": event.about_recipient,
     }
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("event_record"), params).fetchone()

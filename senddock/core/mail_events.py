@@ -12,7 +12,7 @@ applies as a replay (the event is recorded once, pending hooks run).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pluggy
 import structlog
@@ -24,8 +24,8 @@ from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.events import UnknownMessage, apply_events
 from senddock.core.queries import query
-from senddock.mail.mime import ascii_address
-from senddock.outcome import MailReportKind, ProviderEvent, SuppressionList
+from senddock.mail.mime import comparable_address
+from senddock.outcome import BounceReport, MailReportKind, ProviderEvent, SuppressionList
 
 log = structlog.get_logger(__name__)
 
@@ -76,13 +76,16 @@ def _outcome(db: Database, pm: pluggy.PluginManager, config: Config, suppression
     if job is None or job["broadcast_id"] != match.job.broadcast_id:
         return MailOutcome("unknown_job", replayed, detail=f"job {match.job.job_id} of broadcast "
                                                            f"{match.job.broadcast_id} no longer exists")
-    address = ascii_address(job["email"]).lower()
-    named = {ascii_address(r).lower() for r in report.recipients}
+    address = comparable_address(job["email"])
+    named = {comparable_address(r) for r in report.recipients}
     if named and address not in named:
         return MailOutcome("address_mismatch", replayed,
                            detail=f"the report names {', '.join(sorted(named)[:3])}, job {job['id']} was sent to "
                                   f"{job['email']}")
-    event = _event(parsed, job)
+    own = next((r for r in report.per_recipient if comparable_address(r.address) == address), None)
+    if own is not None:  # a DSN naming several: the job's address is judged by its own line
+        report = replace(report, kind=own.kind, status=own.status, reason=own.reason)
+    event = _event(parsed, report, job)
     try:
         applied = apply_events(db, pm, config, suppressions, [event])
     except UnknownMessage as exc:  # deleted between the lookup and the record
@@ -91,18 +94,14 @@ def _outcome(db: Database, pm: pluggy.PluginManager, config: Config, suppression
                        hooks_failed=bool(applied.hooks_failed))
 
 
-def _event(parsed: ParsedMail, job: dict) -> ProviderEvent:
-    report = parsed.report
+def _event(parsed: ParsedMail, report: BounceReport, job: dict) -> ProviderEvent:
     kind = "complaint" if report.kind is MailReportKind.COMPLAINT else "bounce"
-    if report.kind is MailReportKind.HARD:
-        bounce_type = "Permanent"
-    elif report.kind is MailReportKind.SOFT:
-        # A refusal of our message (policy, content) is recorded and suppresses nobody, ever:
-        # only soft bounces about the mailbox count towards bounces.soft.limit.
-        bounce_type = "Undetermined" if blames_us(report.status, report.reason) else "Transient"
-    else:
-        bounce_type = None
+    bounce_type = {MailReportKind.HARD: "Permanent", MailReportKind.SOFT: "Transient"}.get(report.kind)
     return ProviderEvent(  # a soft bounce's suppresses is the soft policy's to decide (apply_events)
         kind=kind, email=job["email"], provider_message_id=None, event_key=f"mail:{parsed.key}:{job['email'].lower()}",
         suppresses=report.kind is not MailReportKind.SOFT, bounce_type=bounce_type,
-        sub_type=report.status, diagnostic=report.reason or "", job_id=job["id"])
+        sub_type=report.status, diagnostic=report.reason or "", job_id=job["id"],
+        occurred_at=parsed.date.isoformat() if parsed.date else None,
+        # A refusal of our message (policy, content) is recorded and never counts towards
+        # bounces.soft.limit: it says nothing about the address.
+        about_recipient=not (report.kind is MailReportKind.SOFT and blames_us(report.status, report.reason)))

@@ -55,6 +55,15 @@ def ascii_address(address: str) -> str:
     return f"{local}{at}{ascii_domain(domain)}" if at else address
 
 
+def comparable_address(address: str) -> str:
+    """An address as two spellings of it compare equal: IDNA domain, lower case. A domain that has
+    no IDNA form (an empty or 64+ character label, as a forged report may hold) stays as written."""
+    try:
+        return ascii_address(address.strip()).lower()
+    except UnicodeError:
+        return address.strip().lower()
+
+
 def sender_domain(from_addr: str) -> str:
     [(_, address)] = getaddresses([from_addr]) or [("", "")]
     return address.rpartition("@")[2] or "localhost"

@@ -5,8 +5,10 @@ and nothing forged, misaddressed, replayed or about a deleted job suppresses any
 from __future__ import annotations
 
 import mailbox
+import time
 from email.message import EmailMessage
-from email.utils import make_msgid
+from email.utils import formatdate, make_msgid
+from pathlib import Path
 
 import pytest
 from tests_support import make_broadcast, running_node, suppressed, wait_for
@@ -44,13 +46,15 @@ def returned(message_id: str, recipient: str) -> str:
 
 
 def dsn(return_path: str, recipient: str, returned_id: str, *, status: str = "5.1.1", action: str = "failed",
-        diagnostic: str = "550 5.1.1 <{r}>: Recipient address rejected: User unknown") -> bytes:
+        diagnostic: str = "550 5.1.1 <{r}>: Recipient address rejected: User unknown",
+        date: str = "") -> bytes:
     """A Postfix-style delivery status notification to ``return_path``, quoting our headers."""
     return f"""\
 From: MAILER-DAEMON@mx.example.net (Mail Delivery System)
 To: {return_path}
 Subject: Undelivered Mail Returned to Sender
 Message-ID: {make_msgid(domain="mx.example.net")}
+Date: {date or formatdate()}
 Auto-Submitted: auto-replied
 MIME-Version: 1.0
 Content-Type: multipart/report; report-type=delivery-status; boundary="B"
@@ -159,28 +163,51 @@ def test_ingest_suppresses_hard_bounces_and_complaints_only_for_their_own_jobs(c
             "Yahoo allow bulk senders)") in human
 
 
-def test_soft_bounces_suppress_at_the_limit_and_policy_refusals_never(cli, sent, tmp_path):
-    app, config, campaign_id, mail = sent
-    return_path, message_id = mail["user2@example.net"]
-    refusals = [write(tmp_path, f"policy{i}.eml", dsn(return_path, "user2@example.net", message_id, status="5.7.1",
-                                                       diagnostic="550 5.7.1 Message rejected as spam"))
-                for i in range(4)]
-    assert cli("bounces", "ingest", *refusals, "-c", config, "--json").json["applied"] == 4
-    assert suppressed(app) == {}  # about our message, not the address: never counted
-    full = [write(tmp_path, f"full{i}.eml", dsn(return_path, "user2@example.net", message_id, status="4.2.2",
-                                                 diagnostic="452 4.2.2 Mailbox full"))
-            for i in range(3)]
-    assert cli("bounces", "ingest", *full[:2], "-c", config, "--json").json["suppressed"] == 0
-    with app.db.connection() as conn:  # a delivery in between (as an SES notification records one)...
-        conn.execute("INSERT INTO delivery_events (event_key, email, kind, suppresses) "
-                     "VALUES ('delivered-1', 'user2@example.net', 'delivery', false)")
-    after_delivery = [write(tmp_path, f"later{i}.eml", dsn(return_path, "user2@example.net", message_id,
-                                                            status="4.2.2", diagnostic="452 4.2.2 Mailbox full"))
-                      for i in range(2)]
-    assert cli("bounces", "ingest", *after_delivery, "-c", config, "--json").json["suppressed"] == 0  # ...counts anew
-    third = cli("bounces", "ingest", full[2], "-c", config, "--json")
-    assert third.json["suppressed"] == 1  # bounces.soft.limit: 3 within 30 days
-    assert suppressed(app) == {"user2@example.net": "bounced"}
+def test_soft_bounces_of_three_messages_suppress_and_policy_refusals_never_count(cli, make_config, monkeypatch,
+                                                                                 tmp_path):
+    """bounces.soft: 3 messages that bounced soft about the mailbox within 30 days, since the last
+    delivery, suppress; a report of the same message again, an old report, and refusals of our
+    message (5.7.1) count for nothing."""
+    monkeypatch.setenv("BOUNCE_SECRET", SECRET)
+    with Sink("127.0.0.1", 0) as relay:
+        settings = fast_settings(relay.port)
+        settings["smtp"]["return_path"] = "bounces+{token}@example.com"
+        settings["bounces"] = {"secret": "${BOUNCE_SECRET}"}
+        app = Senddock(make_config(settings))
+        make_broadcast(app, ["full@example.net"])
+        for n in range(5):  # six messages to the same address, one per campaign
+            campaign = app.create_campaign(name=f"Issue {n}", lists=["news"], subject="News", text_body="Hi",
+                                           from_addr="news@example.com")
+            app.send_campaign(campaign)
+        drain(app.config)
+        messages = [(m.sender, m.message_id) for m in sorted(relay.received, key=lambda m: m.at)]
+    assert len(messages) == 6
+    config = app.config.path
+
+    def soft(n: int, name: str, **options) -> Path:
+        options.setdefault("status", "4.2.2")
+        options.setdefault("diagnostic", "452 4.2.2 Mailbox full")
+        return write(tmp_path, name, dsn(messages[n][0], "full@example.net", messages[n][1], **options))
+
+    def ingest(*paths) -> dict:
+        result = cli("bounces", "ingest", *paths, "-c", config, "--json")
+        assert result.exit_code == 0, result.stderr
+        return result.json
+
+    refusals = [soft(n, f"policy{n}.eml", status="5.7.1", diagnostic="550 5.7.1 Message rejected as spam")
+                for n in range(4)]
+    assert ingest(*refusals)["applied"] == 4 and suppressed(app) == {}  # about our message: never counted
+    earlier = formatdate(time.time() - 600)  # ten minutes ago, as the reports' Date says
+    assert ingest(soft(0, "a.eml", date=earlier), soft(1, "b.eml", date=earlier),
+                  soft(0, "a-again.eml", date=earlier))["suppressed"] == 0  # 2 messages
+    with app.db.connection() as conn:  # a delivery since (as an SES notification records one): counting starts anew
+        conn.execute("INSERT INTO delivery_events (event_key, email, kind, suppresses, occurred_at) "
+                     "VALUES ('delivered-1', 'full@example.net', 'delivery', false, now() - interval '5 minutes')")
+    old = soft(2, "old.eml", date="Mon, 01 Jan 2024 10:00:00 +0000")  # an archive's report: too old to count
+    assert ingest(old, soft(3, "d.eml"), soft(4, "e.eml"))["suppressed"] == 0
+    assert ingest(soft(5, "f.eml"))["suppressed"] == 1  # the third message within 30 days
+    assert suppressed(app) == {"full@example.net": "bounced"}
+    app.close()
 
 
 def test_a_maildir_is_filed_under_cur_once_applied_and_a_deleted_campaigns_bounce_counts(cli, sent, tmp_path):
@@ -189,11 +216,16 @@ def test_a_maildir_is_filed_under_cur_once_applied_and_a_deleted_campaigns_bounc
     box.add(dsn(*mail["user0@example.net"][:1], "user0@example.net", mail["user0@example.net"][1]))
     box.add(vacation(mail["user3@example.net"][0]))
     app.delete_campaign(campaign_id, force=True)  # finished, then deleted with its jobs
+    delivered = sorted(p.read_bytes() for p in (tmp_path / "Maildir" / "new").iterdir())
     result = cli("bounces", "ingest", tmp_path / "Maildir", "-c", config, "--json")
     assert result.exit_code == 0
     assert result.json["unknown_job"] == 1 and result.json["ignored"] == 1 and result.json["suppressed"] == 0
     assert suppressed(app) == {}
-    assert not list((tmp_path / "Maildir" / "new").iterdir()) and len(list((tmp_path / "Maildir" / "cur").iterdir())) == 2
+    assert not list((tmp_path / "Maildir" / "new").iterdir())
+    filed = list((tmp_path / "Maildir" / "cur").iterdir())
+    assert all(p.name.endswith(":2,S") for p in filed)  # seen, as maildir(5) writes it
+    assert sorted(p.read_bytes() for p in filed) == delivered  # renamed, not rewritten
+    assert cli("bounces", "ingest", tmp_path / "Maildir", "-c", config, "--json").json["messages"] == 0
 
 
 def test_unreadable_paths_are_named_and_the_rest_still_applies(cli, sent, tmp_path):
@@ -232,3 +264,25 @@ def test_hard_bounces_by_mail_count_in_the_bounce_rate_breaker(make_config, monk
             assert (status.status, status.paused_reason) == ("paused", "bounce_rate")
     assert status.sent < len(emails)
     app.close()
+
+
+def test_a_report_is_judged_by_the_jobs_own_line_and_an_unwritable_domain_is_no_crash(cli, sent, tmp_path):
+    """A DSN naming several recipients: the job's own block decides (here soft, while another
+    address bounced hard). A report naming an address whose domain has no IDNA form (a forged or
+    broken one) is an address mismatch, and the next message still applies."""
+    app, config, campaign_id, mail = sent
+    return_path, message_id = mail["user0@example.net"]
+    two = dsn(return_path, "user0@example.net", message_id, status="4.2.2", diagnostic="452 4.2.2 Mailbox full")
+    two = two.replace(b"Final-Recipient: rfc822; user0@example.net",
+                      b"Final-Recipient: rfc822; other@example.org\nAction: failed\nStatus: 5.1.1\n\n"
+                      b"Final-Recipient: rfc822; user0@example.net")
+    odd = dsn(mail["user1@example.net"][0], "x@" + "\u00fc" * 70 + ".com", "<x@y>")
+    good = dsn(mail["user2@example.net"][0], "user2@example.net", mail["user2@example.net"][1])
+    result = cli("bounces", "ingest", write(tmp_path, "two.eml", two), write(tmp_path, "odd.eml", odd),
+                 write(tmp_path, "good.eml", good), "-c", config, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert (result.json["applied"], result.json["address_mismatch"], result.json["suppressed"]) == (2, 1, 1)
+    assert suppressed(app) == {"user2@example.net": "bounced"}
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT email, bounce_type, sub_type FROM delivery_events ORDER BY id").fetchall() == [
+            ("user0@example.net", "Transient", "4.2.2"), ("user2@example.net", "Permanent", "5.1.1")]

@@ -117,6 +117,30 @@ def test_the_receiver_is_no_open_relay_and_a_redelivered_dsn_is_recorded_once(re
     assert suppressed(app) == {"gone@example.net": "bounced"}
 
 
+def test_451_when_on_bounced_failed_and_bracketed_return_paths_are_literal(make_config, monkeypatch):
+    """A message recorded but whose on_bounced hooks failed gets 451: only its arrival again runs
+    them. A return path at an address literal accepts exactly that literal."""
+    from types import SimpleNamespace
+
+    from senddock.bounces.receiver import accepts, receive_settings
+
+    settings = ReceiveSettings("127.0.0.1", 0, ("bounces+*@example.com",), max_message_size=4096, max_connections=2)
+    server = BounceReceiver(settings, lambda raw, origin, rcpts: SimpleNamespace(outcome="applied",
+                                                                                 hooks_failed=True)).start()
+    try:
+        with smtplib.SMTP("127.0.0.1", server.port, timeout=10) as client:
+            with pytest.raises(smtplib.SMTPDataError) as refused:
+                client.sendmail("", ["bounces+x@example.com"], b"Subject: x\r\n\r\nhi\r\n")
+            assert refused.value.smtp_code == 451
+    finally:
+        server.stop()
+    monkeypatch.setenv("BOUNCE_SECRET", SECRET)
+    config = make_config({"smtp": {"return_path": "bounces+{token}@[192.0.2.1]"},
+                          "bounces": {"secret": "${BOUNCE_SECRET}"}})
+    patterns = receive_settings(config).addresses
+    assert accepts(patterns, "bounces+abc@[192.0.2.1]") and not accepts(patterns, "bounces+abc@2")
+
+
 def test_451_when_nothing_could_be_recorded_552_when_too_large_421_when_full():
     """The replies that make a sending server keep the message and try later (or give up on a
     message too large), with the recording step failing as a database that is down would."""

@@ -126,6 +126,20 @@ def test_secrets_written_in_the_file_are_refused(tmp_path: Path):
     assert "hunter2" not in error
 
 
+def test_a_secret_of_the_wrong_type_or_length_is_never_printed(tmp_path: Path):
+    path = write(tmp_path, "bounces:\n  secret: 123456789012345678901234\n  mailbox: {password: [hunter2pass]}\n")
+    errors = errors_of(path)
+    assert errors == [
+        f"{path}::$.bounces.mailbox.password: must be text from the environment (${{NAME}}), not a list",
+        f"{path}::$.bounces.mailbox.password[0]: secrets must not be written in the file: use "
+        "${SENDDOCK_BOUNCES_MAILBOX_PASSWORD}",
+        f"{path}::$.bounces.secret: must be text from the environment (${{NAME}}), not a number"]
+    assert not [e for e in errors if "hunter2" in e or "1234567890" in e]
+    path = write(tmp_path, "bounces:\n  secret: [\"${K1}\", \"${K2}\"]\n")
+    assert errors_of(path, {"K1": "k" * 20, "K2": "hunter2"}) == [
+        f"{path}::$.bounces.secret[1]: is too short: at least 16 characters (from ${{K2}})"]
+
+
 def test_a_number_where_a_duration_is_expected_says_which_unit_to_add(tmp_path: Path):
     path = write(tmp_path, "recovery:\n  lease: 30\nretry:\n  schedule: [1.5, 2m]\n  max_age: 7\n")
     assert errors_of(path) == [

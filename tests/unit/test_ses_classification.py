@@ -77,3 +77,16 @@ def test_network_errors_retry_and_a_read_timeout_is_in_doubt(error, may_have_sen
 def test_a_bug_in_the_transport_is_a_failure_not_a_retry():
     result = SendResult.from_exception("ses_like", KeyError("oops"))
     assert (classify(result).outcome, classify(result).reason) == (Outcome.FAIL, "plugin_error")
+
+
+@pytest.mark.parametrize(("sub_type", "about_recipient"), [
+    ("MailboxFull", True), ("General", True),
+    ("ContentRejected", False), ("MessageTooLarge", False), ("AttachmentRejected", False)])
+def test_transient_bounces_that_refused_our_message_never_count_towards_the_soft_limit(sub_type, about_recipient):
+    from senddock_ses_like.events import parse
+
+    notification = {"notificationType": "Bounce", "mail": {"messageId": "m-1", "destination": ["a@example.com"]},
+                    "bounce": {"bounceType": "Transient", "bounceSubType": sub_type, "feedbackId": "f-1",
+                               "bouncedRecipients": [{"emailAddress": "a@example.com"}]}}
+    [event] = parse(notification)
+    assert (event.suppresses, event.about_recipient) == (False, about_recipient)

@@ -11,7 +11,10 @@ What suppresses (the provider's word, SES developer guide "notification contents
   ``OnAccountSuppressionList`` mean SES itself already suppresses the address; mirroring it
   locally keeps it suppressed if the sender ever switches transport.
 * ``Complaint``: always.
-* ``Transient`` and ``Undetermined`` bounces and ``Delivery``: recorded on the job, nobody suppressed.
+* ``Transient`` and ``Undetermined`` bounces and ``Delivery``: recorded on the job, nobody suppressed
+  at once; ``Transient`` ones about the mailbox (``General``, ``MailboxFull``) count towards
+  senddock's ``bounces.soft.limit``, those that refused our message (``MessageTooLarge``,
+  ``ContentRejected``, ``AttachmentRejected``) never do.
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ def parse(document: Mapping[str, Any]) -> list[ProviderEvent]:
     raise EventError(f"unknown SES notification type {kind!r}")
 
 
+# Transient sub-types about our message, not the address (SES developer guide, bounce types).
+REFUSED_OUR_MESSAGE = ("MessageTooLarge", "ContentRejected", "AttachmentRejected")
+
+
 def _bounces(bounce: Any, message_id: str | None, job_id: int | None) -> list[ProviderEvent]:
     if not isinstance(bounce, Mapping) or not isinstance(bounce.get("bouncedRecipients"), list):
         raise EventError("Bounce notification without bounce.bouncedRecipients")
@@ -77,6 +84,7 @@ def _bounces(bounce: Any, message_id: str | None, job_id: int | None) -> list[Pr
             diagnostic=r.get("diagnosticCode") or r.get("status") or "",
             job_id=job_id,
             occurred_at=bounce.get("timestamp"),
+            about_recipient=sub_type not in REFUSED_OUR_MESSAGE,
         )
         for r in bounce["bouncedRecipients"]
     ]

@@ -302,7 +302,9 @@ SELECT b.enqueued AS total,
        -- What came back after the send (SES notifications, bounces by mail), one per job: hard
        -- (a permanent bounce), soft (the others, unless the job also bounced hard), complaints.
        (SELECT count(DISTINCT e.job_id) FROM delivery_events e
-         WHERE e.broadcast_id = b.id AND e.kind = 'bounce' AND e.bounce_type = 'Permanent') AS later_hard,
+         WHERE e.broadcast_id = b.id AND e.kind = 'bounce' AND e.bounce_type = 'Permanent'
+           AND NOT EXISTS (SELECT FROM broadcast_jobs x WHERE x.id = e.job_id AND x.status = 'failed'
+                                                         AND x.failure_reason = 'bounced')) AS later_hard,
        (SELECT count(DISTINCT e.job_id) FROM delivery_events e
          WHERE e.broadcast_id = b.id AND e.kind = 'bounce' AND e.bounce_type IS DISTINCT FROM 'Permanent'
            AND NOT EXISTS (SELECT FROM delivery_events h WHERE h.job_id = e.job_id AND h.kind = 'bounce'
@@ -1301,9 +1303,10 @@ SELECT j.id, j.broadcast_id, b.campaign_id, j.email
 -- missed (a crash after the send).
 WITH recorded AS (
     INSERT INTO delivery_events (event_key, job_id, broadcast_id, provider_message_id, email, kind,
-                                 bounce_type, sub_type, suppresses, diagnostic, occurred_at)
+                                 bounce_type, sub_type, suppresses, diagnostic, occurred_at, about_recipient)
     VALUES (%(event_key)s, %(job_id)s, %(broadcast_id)s, %(provider_message_id)s, %(email)s, %(kind)s,
-            %(bounce_type)s, %(sub_type)s, %(suppresses)s, %(diagnostic)s, %(occurred_at)s::timestamptz)
+            %(bounce_type)s, %(sub_type)s, %(suppresses)s, %(diagnostic)s, %(occurred_at)s::timestamptz,
+            %(about_recipient)s)
     ON CONFLICT (event_key) DO UPDATE SET event_key = EXCLUDED.event_key
     RETURNING id, hooks_done, xmax = 0 AS new
 ), found_id AS (
@@ -1317,16 +1320,17 @@ SELECT id, hooks_done, new FROM recorded;
 UPDATE delivery_events SET hooks_done = true WHERE id = %(event_id)s;
 
 -- name: soft_bounces_recent
--- The soft-bounce policy (bounces.soft): an address's soft bounces within the window, not counting
--- those before its latest delivery, nor the event being recorded (its key).
-SELECT count(*)
+-- The soft-bounce policy (bounces.soft): the other messages of an address that bounced soft about
+-- the mailbox within the window (when they bounced, as their reports say, else when we heard),
+-- since its latest delivery. One per job: the same message reported twice bounced once.
+SELECT count(DISTINCT coalesce(e.job_id, -e.id))
   FROM delivery_events e
  WHERE lower(e.email) = lower(%(email)s) AND e.kind = 'bounce' AND e.bounce_type = 'Transient'
-   AND e.event_key <> %(event_key)s
-   AND e.received_at > now() - make_interval(secs => %(window)s)
-   AND e.received_at > coalesce((SELECT max(d.received_at) FROM delivery_events d
-                                  WHERE lower(d.email) = lower(%(email)s) AND d.kind = 'delivery'),
-                                '-infinity');
+   AND e.about_recipient AND e.job_id IS DISTINCT FROM %(job_id)s
+   AND coalesce(e.occurred_at, e.received_at) > now() - make_interval(secs => %(window)s)
+   AND coalesce(e.occurred_at, e.received_at)
+       > coalesce((SELECT max(coalesce(d.occurred_at, d.received_at)) FROM delivery_events d
+                    WHERE lower(d.email) = lower(%(email)s) AND d.kind = 'delivery'), '-infinity');
 
 -- name: inbound_mail_seen
 SELECT outcome FROM inbound_mail WHERE mail_key = %(mail_key)s;

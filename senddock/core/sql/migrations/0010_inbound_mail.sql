@@ -23,5 +23,10 @@ CREATE TABLE inbound_mail (
 );
 CREATE INDEX inbound_mail_broadcast_idx ON inbound_mail (broadcast_id) WHERE broadcast_id IS NOT NULL;
 
--- The soft-bounce policy counts an address's recent soft bounces and deliveries.
+-- The soft-bounce policy counts an address's recent soft bounces and deliveries. A transient
+-- bounce that refused our message (content, size, policy) says nothing about the address: it is
+-- recorded and never counted.
+ALTER TABLE delivery_events ADD COLUMN about_recipient boolean NOT NULL DEFAULT true;
 CREATE INDEX delivery_events_email_idx ON delivery_events (lower(email), received_at);
+-- Campaign status and the bounce-rate breaker read a broadcast's events after the send.
+CREATE INDEX delivery_events_broadcast_idx ON delivery_events (broadcast_id, job_id);
