@@ -78,13 +78,13 @@ def mailbox_settings(config: Config) -> MailboxSettings:
 @dataclass
 class Fetched:
     uid: str
-    raw: bytes
+    raw: bytes  # the message, or its first max_size + 1 bytes when it is larger (enough to say so)
 
 
 class Mailbox:
-    """One session: ``messages()`` to read them, ``done(uid)`` once one is applied."""
+    """One session: ``messages(max_size)`` to read them, ``done(uid)`` once one is applied."""
 
-    def messages(self) -> Iterator[Fetched]:
+    def messages(self, max_size: int) -> Iterator[Fetched]:
         raise NotImplementedError
 
     def done(self, uid: str) -> None:
@@ -117,10 +117,11 @@ class _Imap(Mailbox):
         self._box = box
         self._settings = settings
 
-    def messages(self) -> Iterator[Fetched]:
+    def messages(self, max_size: int) -> Iterator[Fetched]:
         for uid in self._box.uids():
-            # BODY.PEEK: the message stays unseen until it is applied; the bytes as stored.
-            status, data = self._box.client.uid("FETCH", uid, "(BODY.PEEK[])")
+            # BODY.PEEK: the message stays unseen until it is applied; the bytes as stored, no more
+            # of them than it takes to know one is too large (RFC 3501 partial fetch).
+            status, data = self._box.client.uid("FETCH", uid, f"(BODY.PEEK[]<0.{max_size + 1}>)")
             raw = next((part[1] for part in data or () if isinstance(part, tuple)), None)
             if status == "OK" and raw is not None:
                 yield Fetched(uid, raw)
@@ -151,12 +152,19 @@ class _Pop3(Mailbox):
     def __init__(self, client: poplib.POP3) -> None:
         self._client = client
 
-    def messages(self) -> Iterator[Fetched]:
+    def messages(self, max_size: int) -> Iterator[Fetched]:
         _, listing, _ = self._client.list()
         for line in listing:
-            number = line.split()[0].decode("ascii")
-            _, lines, _ = self._client.retr(int(number))
-            yield Fetched(number, b"\r\n".join(lines) + b"\r\n")
+            number, size = (int(v) for v in line.split()[:2])
+            if size > max_size:
+                # Not downloaded: its headers (which make it known, read again), padded past the
+                # limit, stand for it: the parser says too large, and it is counted so.
+                _, head, _ = self._client.top(number, 0)
+                raw = (b"\r\n".join(head) + b"\r\n")[:max_size]
+                yield Fetched(str(number), raw + b"\n" * (max_size + 1 - len(raw)))
+                continue
+            _, lines, _ = self._client.retr(number)
+            yield Fetched(str(number), b"\r\n".join(lines) + b"\r\n")
 
     def done(self, uid: str) -> None:
         self._client.dele(int(uid))  # takes effect at QUIT: a crash before it deletes nothing

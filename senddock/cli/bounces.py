@@ -72,10 +72,12 @@ def receive(args: argparse.Namespace, out: Output) -> int:
 def fetch(args: argparse.Namespace, out: Output) -> int:
     from senddock.bounces.mailbox import mailbox_errors, mailbox_settings, open_mailbox
     from senddock.cli.engine import stop_on_signals
+    from senddock.sizes import parse_size
     from senddock.core.mail_events import OUTCOMES
 
     config = open_config(args)
     settings = mailbox_settings(config)
+    limit = parse_size(config.section("bounces").get("max_message_size", "10MiB"))
     errors = mailbox_errors()
     totals: dict[str, Any] = {"messages": 0, **dict.fromkeys(OUTCOMES, 0), "replayed": 0, "suppressed": 0,
                               "problems": []}
@@ -87,7 +89,7 @@ def fetch(args: argparse.Namespace, out: Output) -> int:
         while True:
             try:
                 with open_mailbox(settings, config.folder) as box:
-                    for item in box.messages():
+                    for item in box.messages(limit):
                         result = sd.apply_mail(item.raw, via="fetch", origin=f"{settings.label}#{item.uid}")
                         _count(totals, result)
                         if result.hooks_failed:

@@ -30,11 +30,11 @@ def sent(make_config, monkeypatch, dovecot):
     monkeypatch.setenv("BOUNCE_SECRET", SECRET)
     monkeypatch.setenv("MAILBOX_PASSWORD", Dovecot.PASSWORD)
 
-    def configured(url: str, **mailbox) -> tuple[Senddock, dict]:
+    def configured(url: str, max_message_size: str = "10MiB", **mailbox) -> tuple[Senddock, dict]:
         with Sink("127.0.0.1", 0) as relay:
             settings = fast_settings(relay.port)
             settings["smtp"]["return_path"] = "bounces+{token}@example.com"
-            settings["bounces"] = {"secret": "${BOUNCE_SECRET}", "mailbox": {
+            settings["bounces"] = {"secret": "${BOUNCE_SECRET}", "max_message_size": max_message_size, "mailbox": {
                 "url": url, "password": "${MAILBOX_PASSWORD}", "security": "none", "interval": "200ms", **mailbox}}
             app = Senddock(make_config(settings))
             make_broadcast(app, EMAILS)
@@ -94,4 +94,18 @@ def test_watch_keeps_reading_until_stopped(sent, dovecot, database_dsn):
         stdout, stderr = process.communicate(timeout=30)
     assert process.returncode == 0, stderr
     assert '"applied": 2' in stdout
+    app.close()
+
+
+@pytest.mark.parametrize("protocol", ["imap", "pop3"])
+def test_a_message_over_max_message_size_is_counted_and_removed_unread(cli, sent, dovecot, protocol):
+    port = dovecot.imap_port if protocol == "imap" else dovecot.pop3_port
+    folder = "/INBOX" if protocol == "imap" else ""
+    app, mail = sent(f"{protocol}://{Dovecot.USER}@127.0.0.1:{port}{folder}", max_message_size="4KiB")
+    dovecot.deliver(b"Subject: huge\r\nMessage-ID: <huge@example.org>\r\n\r\n" + (b"x" * 70 + b"\r\n") * 200,
+                    bounce_for(mail, "gone@example.net"))
+    result = cli("bounces", "fetch", "-c", app.config.path, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert (result.json["too_large"], result.json["applied"], result.json["suppressed"]) == (1, 1, 1)
+    assert dovecot.count() == 0
     app.close()
