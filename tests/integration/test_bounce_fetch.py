@@ -8,12 +8,12 @@ import signal
 import subprocess
 
 import pytest
-from test_bounce_ingest import SECRET, dsn, vacation
+from test_bounce_ingest import SECRET, dsn, vacation, verp_settings
 from tests_support import Dovecot, make_broadcast, senddock_executable, suppressed, wait_for
 
 from senddock.api import Senddock
 from senddock.sink import Sink
-from senddock.testing import drain, fast_settings
+from senddock.testing import drain
 
 EMAILS = ["ada@example.net", "gone@example.net", "moved@example.net"]
 
@@ -32,11 +32,8 @@ def sent(make_config, monkeypatch, dovecot):
 
     def configured(url: str, max_message_size: str = "10MiB", **mailbox) -> tuple[Senddock, dict]:
         with Sink("127.0.0.1", 0) as relay:
-            settings = fast_settings(relay.port)
-            settings["smtp"]["return_path"] = "bounces+{token}@example.com"
-            settings["bounces"] = {"secret": "${BOUNCE_SECRET}", "max_message_size": max_message_size, "mailbox": {
-                "url": url, "password": "${MAILBOX_PASSWORD}", "security": "none", "interval": "200ms", **mailbox}}
-            app = Senddock(make_config(settings))
+            app = Senddock(make_config(verp_settings(relay.port, max_message_size=max_message_size, mailbox={
+                "url": url, "password": "${MAILBOX_PASSWORD}", "security": "none", "interval": "200ms", **mailbox})))
             make_broadcast(app, EMAILS)
             drain(app.config)
             return app, {m.recipients[0]: (m.sender, m.message_id) for m in relay.received}

@@ -22,15 +22,20 @@ SECRET = "bounce-secret-for-the-ingest-tests"
 EMAILS = [f"user{i}@example.net" for i in range(6)]
 
 
+def verp_settings(relay_port: int, **bounces) -> dict:
+    """Test timings, the relay, a signed VERP return path (BOUNCE_SECRET from the environment)."""
+    settings = fast_settings(relay_port)
+    settings["smtp"]["return_path"] = "bounces+{token}@example.com"
+    settings["bounces"] = {"secret": "${BOUNCE_SECRET}", **bounces}
+    return settings
+
+
 @pytest.fixture
 def sent(make_config, monkeypatch):
     """Six messages through a relay: (app, config path, {recipient: (return path, Message-ID)})."""
     monkeypatch.setenv("BOUNCE_SECRET", SECRET)
     with Sink("127.0.0.1", 0) as relay:
-        settings = fast_settings(relay.port)
-        settings["smtp"]["return_path"] = "bounces+{token}@example.com"
-        settings["bounces"] = {"secret": "${BOUNCE_SECRET}"}
-        app = Senddock(make_config(settings))
+        app = Senddock(make_config(verp_settings(relay.port)))
         campaign_id = make_broadcast(app, EMAILS)
         drain(app.config)
         received = relay.received
@@ -170,10 +175,7 @@ def test_soft_bounces_of_three_messages_suppress_and_policy_refusals_never_count
     message (5.7.1) count for nothing."""
     monkeypatch.setenv("BOUNCE_SECRET", SECRET)
     with Sink("127.0.0.1", 0) as relay:
-        settings = fast_settings(relay.port)
-        settings["smtp"]["return_path"] = "bounces+{token}@example.com"
-        settings["bounces"] = {"secret": "${BOUNCE_SECRET}"}
-        app = Senddock(make_config(settings))
+        app = Senddock(make_config(verp_settings(relay.port)))
         make_broadcast(app, ["full@example.net"])
         for n in range(5):  # six messages to the same address, one per campaign
             campaign = app.create_campaign(name=f"Issue {n}", lists=["news"], subject="News", text_body="Hi",
@@ -246,10 +248,7 @@ def test_hard_bounces_by_mail_count_in_the_bounce_rate_breaker(make_config, monk
     monkeypatch.setenv("BOUNCE_SECRET", SECRET)
     emails = [f"reader{i:02d}@example.net" for i in range(40)]
     with Sink("127.0.0.1", 0) as relay:
-        settings = fast_settings(relay.port)
-        settings["smtp"]["return_path"] = "bounces+{token}@example.com"
-        settings["bounces"] = {"secret": "${BOUNCE_SECRET}"}
-        app = Senddock(make_config(settings))
+        app = Senddock(make_config(verp_settings(relay.port)))
         campaign_id = make_broadcast(app, emails, send=False)
         app.set_campaign_rate(campaign_id, "10/s")  # still sending when the bounces come back
         app.send_campaign(campaign_id)

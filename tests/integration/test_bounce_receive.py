@@ -14,13 +14,13 @@ import threading
 from email.utils import make_msgid
 
 import pytest
-from test_bounce_ingest import dsn
+from test_bounce_ingest import dsn, verp_settings
 from tests_support import make_broadcast, senddock_executable, suppressed, wait_for
 
 from senddock.api import Senddock
 from senddock.bounces.receiver import BounceReceiver, ReceiveSettings
 from senddock.sink import Received, Sink, free_port
-from senddock.testing import drain, fast_settings
+from senddock.testing import drain
 
 SECRET = "bounce-secret-for-the-receive-tests"
 EMAILS = ["ada@example.net", "gone@example.net", "grace@example.net"]
@@ -39,10 +39,7 @@ def receiver(make_config, database_dsn, monkeypatch):
     """(app, receiver port, config path) with `senddock bounces receive` running as a process."""
     monkeypatch.setenv("BOUNCE_SECRET", SECRET)
     port = free_port("127.0.0.1")
-    settings = fast_settings(free_port("127.0.0.1"))
-    settings["smtp"]["return_path"] = "bounces+{token}@example.com"
-    settings["bounces"] = {"secret": "${BOUNCE_SECRET}", "receive": {"listen": f"127.0.0.1:{port}"}}
-    app = Senddock(make_config(settings))
+    app = Senddock(make_config(verp_settings(free_port("127.0.0.1"), receive={"listen": f"127.0.0.1:{port}"})))
     app.ensure_schema()
     env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn, "BOUNCE_SECRET": SECRET}
     process = subprocess.Popen([senddock_executable(), "bounces", "receive", "-c", str(app.config.path), "--json"],
@@ -170,10 +167,7 @@ def test_the_receiver_also_runs_inside_serve(make_config, database_dsn, monkeypa
     monkeypatch.setenv("BOUNCE_SECRET", SECRET)
     port, web_port = free_port("127.0.0.1"), free_port("127.0.0.1")
     with Sink("127.0.0.1", 0) as relay:
-        settings = fast_settings(relay.port)
-        settings["smtp"]["return_path"] = "bounces+{token}@example.com"
-        settings["bounces"] = {"secret": "${BOUNCE_SECRET}",
-                               "receive": {"listen": f"127.0.0.1:{port}", "in_serve": True}}
+        settings = verp_settings(relay.port, receive={"listen": f"127.0.0.1:{port}", "in_serve": True})
         settings["serve"] = {"port": web_port}
         app = Senddock(make_config(settings))
         make_broadcast(app, ["gone@example.net"])
