@@ -17,9 +17,10 @@ allows up to 998). MIME headers (Content-*) stay the ``email`` package's.
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from collections.abc import Iterable
-from email.headerregistry import HeaderRegistry, UnstructuredHeader
+from email.headerregistry import HeaderRegistry, UniqueAddressHeader, UnstructuredHeader
 from email.policy import EmailPolicy
 from typing import Any
 
@@ -233,6 +234,30 @@ class _UniqueVerbatim(_Verbatim):
     max_count = 1
 
 
+class _AddressHeader(UniqueAddressHeader):
+    """From, To, Reply-To. Given Address objects (as build_email sets them), the ``email`` package
+    writes their text and parses it back only for its own folder, which :func:`fold` replaces for
+    every header senddock writes: that parse (most of the cost of a To) waits until it is needed."""
+
+    @classmethod
+    def parse(cls, value: Any, kwds: dict[str, Any]) -> None:
+        if isinstance(value, str):
+            super().parse(value, kwds)
+            return
+        kwds["parse_tree"] = None  # AddressHeader.parse leaves a parse tree it finds alone
+        super().parse(value, kwds)
+        kwds["unparsed"] = kwds["decoded"]
+
+    def init(self, *args: Any, unparsed: str | None = None, **kwargs: Any) -> None:
+        self._unparsed = unparsed
+        super().init(*args, **kwargs)
+
+    def fold(self, *, policy: Any) -> str:
+        if self._parse_tree is None:
+            self._parse_tree = self.value_parser(self._unparsed)
+        return super().fold(policy=policy)
+
+
 class FoldingPolicy(EmailPolicy):
     """``policy.SMTP`` (CRLF, 78 columns) whose header folding is :func:`fold`'s."""
 
@@ -240,22 +265,46 @@ class FoldingPolicy(EmailPolicy):
         return fold(name, value) or super().fold(name, value)
 
     def fold_binary(self, name: str, value: Any) -> bytes:
+        # A header object the registry shares between messages (see _ClassCachingRegistry) is
+        # folded once per policy and name: the folding depends on nothing else.
+        memo = getattr(value, "_senddock_folded", None)
+        if memo is not None and memo[0] is self and memo[1] == name:
+            return memo[2]
         folded = fold(name, value)
-        return folded.encode("ascii") if folded is not None else super().fold_binary(name, value)
+        data = folded.encode("ascii") if folded is not None else super().fold_binary(name, value)
+        if hasattr(value, "_defects"):  # a header object (a plain str takes no attributes)
+            value._senddock_folded = (self, name, data)
+        return data
 
 
 class _ClassCachingRegistry(HeaderRegistry):
     """The ``email`` package's registry builds a new header class with ``type()`` for every header
     set; a message has a dozen, and that was a tenth of a sender's CPU. The class depends on the
-    name alone, so each is built once."""
+    name alone, so each is built once.
+
+    Parsing a header's text is most of the rest (Content-Type alone ~50 us), and most headers of a
+    campaign's messages repeat (From, Subject, Content-Type, MIME-Version, List-Id, Date within a
+    second...): a header object is immutable, so one built from a given name and text is shared by
+    every message that sets the same (a small LRU: the headers unique to each message, such as To
+    and Message-ID, only pass through it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._built: dict[str, type] = {}
+        self._parsed = functools.lru_cache(maxsize=256)(self._parse)
 
     def map_to_type(self, name: str, cls: type) -> None:
         super().map_to_type(name, cls)
         self._built.clear()
+        self._parsed.cache_clear()
+
+    def _parse(self, name: str, value: str) -> Any:
+        return super().__call__(name, value)
+
+    def __call__(self, name: str, value: Any) -> Any:
+        if type(value) is str:  # noqa: E721 - not a header object or an Address: those are built as given
+            return self._parsed(name, value)
+        return super().__call__(name, value)
 
     def __getitem__(self, name: str) -> type:
         key = name.lower()
@@ -268,6 +317,8 @@ class _ClassCachingRegistry(HeaderRegistry):
 def _header_factory() -> HeaderRegistry:
     registry = _ClassCachingRegistry(default_class=_Verbatim)  # List-*, Feedback-ID, X-*
     registry.map_to_type("subject", _UniqueVerbatim)
+    for name in ("from", "to", "reply-to"):
+        registry.map_to_type(name, _AddressHeader)
     return registry
 
 
