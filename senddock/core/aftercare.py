@@ -21,6 +21,7 @@ from senddock.core.breaker import FailureRuns
 from senddock.core.db import Database
 from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
 from senddock.core.suppressions import Suppressions
+from senddock.observe.node_metrics import NodeMetrics
 from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef
 
 log = structlog.get_logger(__name__)
@@ -52,13 +53,15 @@ class Committed:
 
 
 class Aftercare(threading.Thread):
-    def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., Queue], stats: RunStats) -> None:
+    def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., Queue], stats: RunStats,
+                 metrics: NodeMetrics | None = None) -> None:
         super().__init__(name="senddock-aftercare", daemon=True)
         self.config = config
         self.pm = config.plugin_manager
         self._db = db
         self._queue_for_conn = queue_for_conn
         self.stats = stats
+        self.metrics = metrics or NodeMetrics()
         self.suppressions = Suppressions(db)
         self.failure_runs = FailureRuns(config.max_consecutive_failures)
         self._inbox: queues.SimpleQueue[Committed | None] = queues.SimpleQueue()
@@ -115,6 +118,10 @@ class Aftercare(threading.Thread):
             in_doubt=outcome.in_doubt or None,
         )
         self.stats.count(outcome.outcome if recorded.recorded else "claim_lost")
+        # Every committed result is one attempt row, whatever became of its claim: counted by its
+        # outcome, as the database records it (a throttling deferral is a retry there).
+        throttled = outcome.outcome == "retry" and outcome.deferred and verdict.throttled
+        self.metrics.sent(self.config.transport, "throttled" if throttled else outcome.outcome)
         if outcome.bounce:
             # Even under a lost claim: the address is dead whoever owns the job now.
             if item.hold_hooks:

@@ -27,6 +27,7 @@ from senddock.core.pacing_gate import PacingGate
 from senddock.core.queue import Queue
 from senddock.core.senders import Dispatch, Senders
 from senddock.errors import error_line
+from senddock.observe.node_metrics import NodeMetrics
 
 log = structlog.get_logger(__name__)
 
@@ -47,6 +48,7 @@ class Claimer(threading.Thread):
         lifeline: Lifeline,
         stopping: threading.Event,
         wait_for_work: Callable[[float], None],
+        metrics: NodeMetrics | None = None,
     ) -> None:
         super().__init__(name="senddock-claimer", daemon=True)
         self._config = config
@@ -61,6 +63,7 @@ class Claimer(threading.Thread):
         self._lifeline = lifeline
         self._stopping = stopping
         self._wait_for_work = wait_for_work
+        self._claim_duration = (metrics or NodeMetrics()).claim_duration
         self._unanswered: uuid.UUID | None = None  # a claim whose reply never came
         self.dry = False  # the last claim found fewer due jobs than it asked for
         self.busy = False
@@ -118,7 +121,8 @@ class Claimer(threading.Thread):
             self._claims.hold(token)
             self._unanswered = token
             flushes = self._completer.flushes
-            jobs = queue.claim(wanted, token, begun=marks_begun)
+            with self._claim_duration.time():
+                jobs = queue.claim(wanted, token, begun=marks_begun)
             claimed_at = time.monotonic()
             if jobs:
                 # A synchronous commit: results committed asynchronously before it, in the same

@@ -30,12 +30,15 @@ from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.inflight import HeldClaims, Slots
+from senddock.core.migrations import applied_versions, latest_version
 from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.pacing_gate import PacingGate
 from senddock.core.queue import Queue
 from senddock.core.senders import Senders
 from senddock.errors import ConfigError, DatabaseError, SenddockError, error_line
 from senddock.mail.compose import Composer
+from senddock.observe.health_server import HealthServer
+from senddock.observe.node_metrics import NodeMetrics
 from senddock.outcome import Bounce, BounceKind, BounceSource, JobRef
 
 log = structlog.get_logger(__name__)
@@ -73,12 +76,15 @@ class Runner:
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self.stats = RunStats()
+        self.metrics = NodeMetrics()
+        self.metrics.count_in_flight(lambda: self.slots.in_use)
+        self._health: HealthServer | None = None
         # Before the first claim: a DKIM key that cannot be read stops the node at start-up.
         self.composer = Composer(config)
         self._wake = threading.Condition()
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
-        self.aftercare = Aftercare(config, self.db, self.queue, self.stats)
+        self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics)
         self.held_claims = HeldClaims()
         self.slots = Slots(self.concurrency)
         self.claimer: Claimer | None = None
@@ -130,6 +136,8 @@ class Runner:
         self.db.name_sessions(f"senddock-run {self.node.name}")
         log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
                  concurrency=self.concurrency, transport=self.config.transport)
+        self.metrics.name_node(self.node.name)
+        self._serve_health()
         self._chores()  # recover earlier incarnations of this node at once, before any claim
         self._start_pipeline()
         try:
@@ -164,6 +172,7 @@ class Runner:
                     log.warning("job_recovered", job_id=job.id, broadcast_id=job.broadcast_id, status=job.status,
                                 in_doubt=job.in_doubt, failure_reason=job.failure_reason, dead_node=job.dead_node)
                 self.stats.count("recovered", len(recovered))
+                self.metrics.in_doubt.inc(sum(1 for job in recovered if job.in_doubt))
                 # Claims start at each broadcast's floor: raised once a poll, so a claim never walks
                 # more than one poll's worth of drained jobs, whatever snapshot is open.
                 queue.raise_claim_floors()
@@ -183,6 +192,33 @@ class Runner:
         except psycopg.OperationalError as exc:
             log.warning("chores_db_lost", error=error_line(exc))
 
+    def _serve_health(self) -> None:
+        """/metrics, /healthz and /readyz on metrics.listen, when it is set."""
+        listen = (self.config.section("metrics") or {}).get("listen")
+        if not listen:
+            return
+        host, _, port = listen.rpartition(":")
+        try:
+            self._health = HealthServer(host.strip("[]"), int(port), self.metrics.registry, self._not_ready).start()
+        except OSError as exc:
+            raise ConfigError([f"{self.config.path or '<defaults>'}::$.metrics.listen: cannot listen on {listen}: "
+                               f"{exc.strerror or exc}"]) from None
+        log.info("metrics_listening", listen=f"{host}:{self._health.port}")
+
+    def _not_ready(self) -> list[str]:
+        """Why this node should get no traffic now: what /readyz answers 503 with."""
+        problems = []
+        if self.lifeline.error is not None or not self.lifeline.may_send():
+            problems.append("lifeline not held: the node is fenced until its heartbeat is back")
+        try:
+            with self.db.pool.connection(timeout=2) as conn:  # never waits long for the node's pool
+                missing = latest_version() not in applied_versions(conn)
+            if missing:
+                problems.append(f"schema not current: migration {latest_version()} is not applied")
+        except Exception as exc:  # noqa: BLE001 - any failure is "not ready", said in one line
+            problems.append(f"database unreachable: {error_line(exc) if isinstance(exc, psycopg.Error) else exc}")
+        return problems
+
     def _start_pipeline(self) -> None:
         contents = ContentCache(self._pooled_queue)
         gate = PacingGate(self.config.pacing, self.config.transport)
@@ -193,12 +229,12 @@ class Runner:
             throttled=gate.throttled,
         )
         self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
-                               self.concurrency)
+                               self.concurrency, self.metrics)
         self.claimer = Claimer(
             self.config, self.db, self.queue, slots=self.slots, claims=self.held_claims, contents=contents,
             gate=gate, senders=self.senders,
             completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
-            wait_for_work=self.wait_for_work,
+            wait_for_work=self.wait_for_work, metrics=self.metrics,
         )
         self.aftercare.start()
         self.completer.start()
@@ -242,4 +278,6 @@ class Runner:
             self.prober.join(max(1.0, deadline - time.monotonic()))
         self.lifeline.stop()
         self.lifeline.join(5)
+        if self._health is not None:
+            self._health.stop()
         self.db.close()

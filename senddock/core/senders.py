@@ -24,6 +24,7 @@ from senddock.core.content import ContentCache
 from senddock.core.nodes import Lifeline
 from senddock.core.queue import ClaimedJob, ResultRow
 from senddock.mail.compose import BadRecipient, Composer
+from senddock.observe.node_metrics import NodeMetrics
 from senddock.mail.templates import TemplateError
 from senddock.outcome import CampaignContent, Message, Recipient
 
@@ -38,7 +39,7 @@ class Dispatch:
 
 class Senders:
     def __init__(self, config: Config, composer: Composer, contents: ContentCache, lifeline: Lifeline,
-                 stopping: threading.Event, completer: Completer, size: int) -> None:
+                 stopping: threading.Event, completer: Completer, size: int, metrics: NodeMetrics | None = None) -> None:
         self.config = config
         self.pm = config.plugin_manager
         self._composer = composer
@@ -46,6 +47,7 @@ class Senders:
         self._lifeline = lifeline
         self._stopping = stopping
         self._completer = completer
+        self._send_duration = (metrics or NodeMetrics()).send_duration.labels(transport=config.transport)
         self._jobs: queues.SimpleQueue[Dispatch | None] = queues.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"senddock-sender-{i}", daemon=True)
                          for i in range(size)]
@@ -99,7 +101,8 @@ class Senders:
             # A line break in the name or address: this job fails, nothing reaches the relay.
             result, verdict = results.bad_recipient_failure(exc)
         else:
-            result = results.send(self.pm, self.config, message, state)
+            with self._send_duration.time():
+                result = results.send(self.pm, self.config, message, state)
             verdict = results.classify(self.pm, self.config, result, message)
         # The job's age on the database's clock (read at the claim) plus this node's monotonic time
         # since: retry.max_age never mixes two clocks.
