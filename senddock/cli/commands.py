@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from senddock.cli import argtypes
 from senddock.cli.output import Output, plural, table
-from senddock.cli.status_lines import pacing_table, probe_line, warning_line
+from senddock.cli.status_lines import bounce_line, pacing_table, probe_line, warning_line
 from senddock.config import Config, find_config_path, load_config
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
 
@@ -309,18 +309,6 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
 
     out.result(status.as_dict(), human)
     return EXIT_OK
-
-
-def bounce_line(summary: dict) -> str:
-    """``bounces: hard 3 (1.20%), soft 1 (0.40%), complaints 2 (0.80%, above the 0.3% line)``."""
-    def rate(value: float | None) -> str:
-        return "-" if value is None else f"{value * 100:.2f}%"
-
-    limit = summary["complaint_rate_limit"]
-    over = summary["complaint_rate"] is not None and summary["complaint_rate"] >= limit
-    line = (f"bounces: hard {summary['hard']} ({rate(summary['hard_rate'])}), soft {summary['soft']} "
-            f"({rate(summary['soft_rate'])}), complaints {summary['complaints']} ({rate(summary['complaint_rate'])}")
-    return line + (f", at or above the {limit * 100:.1f}% Gmail and Yahoo allow bulk senders)" if over else ")")
 
 
 def status(args: argparse.Namespace, out: Output) -> int:

@@ -39,3 +39,15 @@ def pacing_table(limits) -> str:
     from senddock.cli.output import table
 
     return table(PACING_COLUMNS, [limit.columns() for limit in limits])
+
+
+def bounce_line(summary: dict) -> str:
+    """``bounces: hard 3 (1.20%), soft 1 (0.40%), complaints 2 (0.80%, above the 0.3% line)``."""
+    def rate(value: float | None) -> str:
+        return "-" if value is None else f"{value * 100:.2f}%"
+
+    limit = summary["complaint_rate_limit"]
+    over = summary["complaint_rate"] is not None and summary["complaint_rate"] >= limit
+    line = (f"bounces: hard {summary['hard']} ({rate(summary['hard_rate'])}), soft {summary['soft']} "
+            f"({rate(summary['soft_rate'])}), complaints {summary['complaints']} ({rate(summary['complaint_rate'])}")
+    return line + (f", at or above the {limit * 100:.1f}% Gmail and Yahoo allow bulk senders)" if over else ")")

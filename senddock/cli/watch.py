@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
-from senddock.cli.status_lines import PACING_COLUMNS, probe_line, warning_line
+from senddock.cli.status_lines import PACING_COLUMNS, bounce_line, probe_line, warning_line
 from senddock.cli.output import Output
 from senddock.core.campaigns import CampaignStatus
 from senddock.errors import EXIT_OK
@@ -79,7 +79,7 @@ def _view(status: CampaignStatus, rate: Rate, bar: Progress, task) -> Group:
     eta = rate.eta(status.total - done(status))
     counts.add_row(*(str(getattr(status, c)) for c in ("pending", "sending", "retry", "sent", "failed", "bounced")),
                    f"{rate.per_second:.0f}/s", f"{eta:.0f}s" if eta is not None else "-")
-    parts = [bar, counts]
+    parts = [bar, counts, bounce_line(status.bounce_summary)]
     if status.failed_by_reason:
         failures = Table(box=None, show_header=True, header_style="bold")
         failures.add_column("failed by reason")
