@@ -70,7 +70,9 @@ def _outcome(db: Database, pm: pluggy.PluginManager, config: Config, suppression
     if match.job is None:
         if match.forged:
             return MailOutcome("forged", replayed, detail=match.forged)
-        return MailOutcome("unattributed", replayed, detail="no signed token names a job")
+        detail = ("no signed token names a job" if config.section("bounces").get("secret")
+                  else "bounces.secret is not set: no token can be verified")
+        return MailOutcome("unattributed", replayed, detail=detail)
     with db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
         job = cur.execute(query("event_job_by_id"), {"job_id": match.job.job_id}).fetchone()
     if job is None or job["broadcast_id"] != match.job.broadcast_id:

@@ -58,3 +58,14 @@ def test_bounces_secret_may_be_one_key_or_a_list():
     assert verp.secrets_of(None) == ()
     assert verp.secrets_of(KEY) == (KEY,)
     assert verp.secrets_of([KEY, OLD_KEY]) == (KEY, OLD_KEY)
+
+
+def test_without_a_secret_a_token_is_neither_verified_nor_called_forged():
+    from email import message_from_string
+
+    from senddock.bounces.matching import JobMatch, find_job
+
+    message = message_from_string(f"To: bounces+{verp.make_token(KEY, 1, 2)}@example.com\n\nhi\n")
+    assert find_job(message, ()) == JobMatch()
+    assert find_job(message, (KEY,)).job == verp.JobToken(1, 2)
+    assert find_job(message, (OLD_KEY,)).forged
