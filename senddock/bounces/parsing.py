@@ -48,11 +48,15 @@ class ParsedMail:
     date: datetime | None = None  # when the report was written (its Date, never in the future)
 
 
+def max_message_size(config: Config) -> int:
+    """``bounces.max_message_size`` in bytes: what every intake reads of a message at most."""
+    return parse_size(config.section("bounces").get("max_message_size", "10MiB"))
+
+
 def parse_mail(config: Config, raw: bytes, envelope_recipients: Iterable[str] = ()) -> ParsedMail:
     """Never raises: a message nothing can read is ``not_bounce`` ("unreadable: ..."), counted and
     passed over, so one piece of garbage cannot stop an intake."""
-    section = config.section("bounces")
-    limit = parse_size(section.get("max_message_size", "10MiB"))
+    limit = max_message_size(config)
     if len(raw) > limit:
         report = BounceReport(MailReportKind.NOT_BOUNCE, parser="limit",
                               reason=f"not read: larger than bounces.max_message_size ({format_size(limit)})")

@@ -17,15 +17,16 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
+from senddock.bounces.parsing import max_message_size
 from senddock.config import Config
 from senddock.errors import UsageError
 from senddock.sink import free_port
-from senddock.sizes import parse_size
 
 log = structlog.get_logger(__name__)
 
@@ -59,8 +60,23 @@ def receive_settings(config: Config) -> ReceiveSettings:
         # Escaped first: an address literal's brackets are no character class.
         addresses = [glob.escape(template).replace("{token}", "*")]
     return ReceiveSettings(host.strip("[]"), int(port), tuple(addresses),
-                           parse_size(section.get("max_message_size", "10MiB")),
+                           max_message_size(config),
                            receive.get("max_connections", 20))
+
+
+def start_receiver(config: Config, apply_mail: Callable[..., Any]) -> BounceReceiver:
+    """The receiver on ``bounces.receive``, applying each message with ``apply_mail`` (the API's);
+    UsageError naming the key when it cannot listen. For `bounces receive` and `serve` alike."""
+    settings = receive_settings(config)
+
+    def apply(raw: bytes, origin: str | None, recipients: Sequence[str]) -> object:
+        return apply_mail(raw, via="receive", origin=origin, envelope_recipients=recipients)
+
+    try:
+        return BounceReceiver(settings, apply).start()
+    except OSError as exc:
+        raise UsageError(f"bounces.receive.listen: cannot listen on {settings.host}:{settings.port}: "
+                         f"{exc.strerror or exc}") from None
 
 
 def accepts(patterns: Sequence[str], address: str) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 from senddock.cli.commands import open_config, open_senddock
 from senddock.cli.output import Output, plural, table
-from senddock.errors import EXIT_OK, EXIT_PROBLEMS, UsageError
+from senddock.errors import EXIT_OK, EXIT_PROBLEMS
 
 
 def add_commands(group, command) -> None:
@@ -32,28 +32,24 @@ def add_commands(group, command) -> None:
 
 
 def receive(args: argparse.Namespace, out: Output) -> int:
-    from senddock.bounces.receiver import BounceReceiver, receive_settings
+    from senddock.bounces.receiver import start_receiver
     from senddock.cli.engine import stop_on_signals
     from senddock.core.mail_events import OUTCOMES
 
     config = open_config(args)
-    settings = receive_settings(config)
     counts = dict.fromkeys(OUTCOMES, 0)
     lock = threading.Lock()
     with open_senddock(args) as sd:
         sd.ensure_schema()
 
-        def apply(raw: bytes, origin: str | None, recipients) -> object:
-            result = sd.apply_mail(raw, via="receive", origin=origin, envelope_recipients=recipients)
+        def apply_mail(raw: bytes, **where: Any) -> object:
+            result = sd.apply_mail(raw, **where)
             with lock:
                 counts[result.outcome] += 1
             return result
 
-        try:
-            server = BounceReceiver(settings, apply).start()
-        except OSError as exc:
-            raise UsageError(f"bounces.receive.listen: cannot listen on {settings.host}:{settings.port}: "
-                             f"{exc.strerror or exc}") from None
+        server = start_receiver(config, apply_mail)
+        settings = server.settings
         stop = threading.Event()
         stop_on_signals(stop.set)
         out.problem(f"senddock bounces receive listening on {settings.host}:{server.port} for "
@@ -71,16 +67,14 @@ def receive(args: argparse.Namespace, out: Output) -> int:
 
 def fetch(args: argparse.Namespace, out: Output) -> int:
     from senddock.bounces.mailbox import mailbox_errors, mailbox_settings, open_mailbox
+    from senddock.bounces.parsing import max_message_size
     from senddock.cli.engine import stop_on_signals
-    from senddock.sizes import parse_size
-    from senddock.core.mail_events import OUTCOMES
 
     config = open_config(args)
     settings = mailbox_settings(config)
-    limit = parse_size(config.section("bounces").get("max_message_size", "10MiB"))
+    limit = max_message_size(config)
     errors = mailbox_errors()
-    totals: dict[str, Any] = {"messages": 0, **dict.fromkeys(OUTCOMES, 0), "replayed": 0, "suppressed": 0,
-                              "problems": []}
+    totals = _totals()
     stop = threading.Event()
     if args.watch:
         stop_on_signals(stop.set)
@@ -114,6 +108,13 @@ def _mailbox_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
+def _totals() -> dict[str, Any]:
+    """What fetch and ingest count: messages, each outcome, replays, suppressions, problems."""
+    from senddock.core.mail_events import OUTCOMES
+
+    return {"messages": 0, **dict.fromkeys(OUTCOMES, 0), "replayed": 0, "suppressed": 0, "problems": []}
+
+
 def _count(totals: dict[str, Any], result) -> None:
     totals["messages"] += 1
     totals[result.outcome] += 1
@@ -122,15 +123,12 @@ def _count(totals: dict[str, Any], result) -> None:
 
 
 def ingest(args: argparse.Namespace, out: Output) -> int:
+    from senddock.bounces.parsing import max_message_size
     from senddock.bounces.sources import SourceError, read_paths
-    from senddock.core.mail_events import OUTCOMES
-    from senddock.sizes import parse_size
 
-    totals: dict[str, Any] = {"messages": 0, **{o: 0 for o in OUTCOMES}, "replayed": 0, "suppressed": 0,
-                              "problems": []}
+    totals = _totals()
     with open_senddock(args) as sd:
-        limit = parse_size(sd.config.section("bounces").get("max_message_size", "10MiB"))
-        for item in read_paths(args.paths, limit, read_too=False):
+        for item in read_paths(args.paths, max_message_size(sd.config), read_too=False):
             if isinstance(item, SourceError):
                 totals["problems"].append(str(item))
                 out.problem(f"senddock: {item}")
@@ -157,12 +155,11 @@ def _ingest_summary(totals: dict[str, Any]) -> str:
 
 
 def parse(args: argparse.Namespace, out: Output) -> int:
-    from senddock.bounces.parsing import parse_mail
+    from senddock.bounces.parsing import max_message_size, parse_mail
     from senddock.bounces.sources import SourceError, read_paths
-    from senddock.sizes import parse_size
 
     config = open_config(args)
-    limit = parse_size(config.section("bounces").get("max_message_size", "10MiB"))
+    limit = max_message_size(config)
     rows: list[dict[str, Any]] = []
     forged: dict[str, str | None] = {}  # shown in the table; the JSON lines keep issue 15's six keys
     problems = 0

@@ -124,21 +124,16 @@ def _bounce_receiver(args: argparse.Namespace, config):
         return None
     import structlog
 
-    from senddock.bounces.receiver import BounceReceiver, receive_settings
+    from senddock.bounces.receiver import start_receiver
 
-    settings = receive_settings(config)
     sd = open_senddock(args)
-
-    def apply(raw: bytes, origin: str | None, recipients) -> object:
-        return sd.apply_mail(raw, via="receive", origin=origin, envelope_recipients=recipients)
-
     try:
-        receiver = BounceReceiver(settings, apply).start()
-    except OSError as exc:
+        receiver = start_receiver(config, sd.apply_mail)
+    except UsageError:
         sd.close()
-        raise UsageError(f"bounces.receive.listen: cannot listen on {settings.host}:{settings.port}: "
-                         f"{exc.strerror or exc}") from None
-    structlog.get_logger(__name__).info("bounce_receiver_started", listen=f"{settings.host}:{receiver.port}")
+        raise
+    structlog.get_logger(__name__).info("bounce_receiver_started",
+                                        listen=f"{receiver.settings.host}:{receiver.port}")
     receiver.on_stop = sd.close
     return receiver
 
