@@ -529,3 +529,17 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
     for key in ("body_timeout", "header_timeout", "keep_alive_timeout", "sns_certificate_timeout"):
         if parse_duration(serve[key]) <= 0:
             yield f"$.serve.{key}", "must be longer than 0s"
+    yield from _admin_problems(serve["admin"])
+
+
+def _admin_problems(admin: Mapping[str, Any] | None) -> Iterator[tuple[str, str]]:
+    """The dashboard's account: a hash it can verify (the value itself is never shown: a secret)."""
+    from senddock.web.dashboard.passwords import is_password_hash
+
+    if admin is None:
+        return
+    if not is_password_hash(admin["password_hash"]):
+        yield "$.serve.admin.password_hash", ("is not an argon2 password hash ($argon2id$v=19$m=...): make one with "
+                                              "`senddock admin hash-password` and pass it from the environment")
+    if parse_duration(admin["session_lifetime"]) <= 0:
+        yield "$.serve.admin.session_lifetime", "must be longer than 0s"
