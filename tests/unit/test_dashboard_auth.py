@@ -4,7 +4,6 @@ login throttle (no database, no server)."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
