@@ -80,14 +80,18 @@ class CampaignRow:
     status: str
     lists: list[str]
     created_at: datetime
-    progress: Progress | None  # None: never sent (a draft, or cancelled before its send)
+    enqueued: int | None  # None: never sent (a draft, or cancelled before its send)
+    progress: Progress | None  # only for a campaign in flight
 
 
 def overview(sd: Senddock) -> list[CampaignRow]:
-    """The newest campaigns, the ones in flight first, each with its counts."""
+    """The newest campaigns, the ones in flight first. Those in flight with their counts (what
+    `campaign status` counts, from every job: a finished campaign's are on its own page, rather
+    than one count over its jobs per campaign ever sent at each visit)."""
     summaries = sorted(sd.campaigns(), key=lambda c: (c.status not in ACTIVE, -c.id))[:OVERVIEW_ROWS]
     return [CampaignRow(id=c.id, name=c.name, status=c.status, lists=c.lists, created_at=c.created_at,
-                        progress=progress(sd, c.id) if c.broadcast_id is not None else None)
+                        enqueued=c.enqueued,
+                        progress=progress(sd, c.id) if c.broadcast_id is not None and c.status in ACTIVE else None)
             for c in summaries]
 
 

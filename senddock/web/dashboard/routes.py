@@ -9,6 +9,7 @@ status change it makes (`campaign history`).
 
 from __future__ import annotations
 
+import functools
 import hmac
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
@@ -128,13 +129,18 @@ class Dashboard:
 
         return run
 
-    async def refused_post(self, request: Request, session: Session | None) -> Response | None:
+    async def refused_post(self, request: Request, session: Session | None,
+                           expired: Callable[[], Response] | None = None) -> Response | None:
+        """The answer to a POST that must change nothing, or None. ``expired``: the answer to a
+        token that no longer matches (the login form's session ended: show the form again)."""
         why = cross_site(request)
         if why is None:
             form = await request.form(max_files=0, max_fields=10, max_part_size=4096)
             request.state.form = form
             if not csrf_ok(session, form.get(CSRF_FIELD)):
                 why = "missing or wrong CSRF token"
+                if expired is not None and session is None:
+                    return expired()
         if why is None:
             return None
         log.warning("dashboard_post_refused", reason=why, path=request.url.path, client=_client(request),
@@ -153,15 +159,17 @@ class Dashboard:
     def login_page(self, request: Request, session: Session | None, error: str | None = None,
                    status: int = 200, headers: dict[str, str] | None = None) -> Response:
         session = session if session is not None and session.user is None else self.cookies.new()
-        response = self.page(request, "login.html", status, session=session, error=error,
-                             next=_local_next(request.query_params.get("next")))
+        form = getattr(request.state, "form", None)  # a refused login keeps where it was going
+        target = form.get("next") if form is not None else request.query_params.get("next")
+        response = self.page(request, "login.html", status, session=session, error=error, next=_local_next(target))
         response.headers.update(headers or {})
         set_session(response, request, self.cookies, session)
         return response
 
     async def login(self, request: Request) -> Response:
         session = self.session(request)
-        if (refused := await self.refused_post(request, session)) is not None:
+        expired = functools.partial(self.login_page, request, None, "The form had expired: log in again.", 403)
+        if (refused := await self.refused_post(request, session, expired)) is not None:
             return refused
         form = request.state.form
         client, user, password = _client(request), str(form.get("username", "")), form.get("password", "")
