@@ -455,10 +455,15 @@ def _secrets_written_in_file(raw: Any) -> Iterator[tuple[str, str]]:
             yield _json_path(parts), "the DSN holds a password: take it from the environment (${PGPASSWORD} or SENDDOCK_DATABASE_URL)"
 
 
+# Secrets whose variable has a name of its own, as the docs give it.
+_SECRET_ENV_NAMES = {("serve", "admin", "password_hash"): "SENDDOCK_ADMIN_PASSWORD_HASH"}
+
+
 def secret_env_name(parts: tuple) -> str:
     """The variable a secret at ``parts`` is suggested to come from: SENDDOCK_ and its path,
     as the shipped config names them (unsubscribe.secret: SENDDOCK_UNSUBSCRIBE_SECRET)."""
-    return "_".join(["SENDDOCK", *(str(p).upper() for p in parts if isinstance(p, str))])
+    named = tuple(p for p in parts if isinstance(p, str))
+    return _SECRET_ENV_NAMES.get(named) or "_".join(["SENDDOCK", *(p.upper() for p in named)])
 
 
 def _bad_references(parts: tuple, value: str) -> Iterator[tuple[str, str]]:

@@ -65,3 +65,42 @@ def test_the_rates_chart_draws_bounce_and_complaint_rates_against_the_limit():
 
 def test_eta_reads_as_time_left():
     assert [format_eta(s) for s in (None, 42, 125, 7300)] == ["-", "42s", "2m05s", "2h01m"]
+
+
+@pytest.mark.parametrize("scheme,secure", [("https", True), ("http", False)])
+def test_the_session_cookie_is_secure_over_https(scheme: str, secure: bool):
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from senddock.web.dashboard.security import set_session
+    from senddock.web.dashboard.sessions import SessionCookies
+
+    request = Request({"type": "http", "method": "GET", "path": "/dashboard/", "headers": [], "scheme": scheme,
+                       "server": ("mail.example.com", 443), "query_string": b""})
+    cookies = SessionCookies(password_hash="$argon2id$h", secret=None, lifetime=3600)
+    response = Response()
+    set_session(response, request, cookies, cookies.new("admin"))
+    header = response.headers["set-cookie"]
+    assert "HttpOnly" in header and "SameSite=strict" in header and "Path=/dashboard" in header
+    assert ("Secure" in header) is secure
+
+
+@pytest.mark.parametrize("headers,refused", [
+    ({}, False),  # no browser hint: the CSRF token decides
+    ({"origin": "http://mail.example.com:8025"}, False),
+    ({"origin": "https://mail.example.com:8025"}, False),  # TLS ended by a proxy in front
+    ({"origin": "https://evil.example"}, True),
+    ({"origin": "null"}, True),
+    ({"referer": "https://evil.example/page"}, True),
+    ({"sec-fetch-site": "same-site"}, True),
+    ({"sec-fetch-site": "same-origin", "origin": "http://mail.example.com:8025"}, False),
+])
+def test_a_post_from_another_site_is_told_apart(headers: dict, refused: bool):
+    from starlette.requests import Request
+
+    from senddock.web.dashboard.security import cross_site
+
+    raw = [(b"host", b"mail.example.com:8025")] + [(k.encode(), v.encode()) for k, v in headers.items()]
+    request = Request({"type": "http", "method": "POST", "path": "/dashboard/login", "headers": raw, "scheme": "http",
+                       "query_string": b""})
+    assert (cross_site(request) is not None) is refused

@@ -57,7 +57,8 @@ def test_a_password_hash_written_in_the_file_is_refused_as_a_secret(tmp_path: Pa
     path = write(tmp_path, f"    username: admin\n    password_hash: '{good}'\n")
     with pytest.raises(ConfigError) as caught:
         load_config(path, environ={})
-    assert "$.serve.admin.password_hash: secrets must not be written in the file" in str(caught.value)
+    assert ("$.serve.admin.password_hash: secrets must not be written in the file: use "
+            "${SENDDOCK_ADMIN_PASSWORD_HASH}") in str(caught.value)
     assert good not in str(caught.value)
 
 
