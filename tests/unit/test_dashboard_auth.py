@@ -140,3 +140,33 @@ def test_the_throttle_caps_one_user_name_across_addresses():
         throttle.failed(f"10.0.0.{i}", "admin")
     assert throttle.wait("10.9.9.9", "admin") > 0
     assert throttle.wait("10.9.9.9", "someone") == 0
+
+
+def test_on_a_terminal_the_password_is_asked_twice_and_never_echoed():
+    import pexpect
+
+    child = pexpect.spawn(senddock_executable(), ["admin", "hash-password"], encoding="utf-8", timeout=60)
+    child.expect("password: ")
+    child.sendline("typed secret")
+    child.expect("again: ")
+    child.sendline("typed secret")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "typed secret" not in child.before
+    printed = child.before.strip().splitlines()[-1]
+    assert verify_password(printed, "typed secret")
+
+
+def test_on_a_terminal_two_different_passwords_print_nothing():
+    import pexpect
+
+    child = pexpect.spawn(senddock_executable(), ["admin", "hash-password"], encoding="utf-8", timeout=60)
+    child.expect("password: ")
+    child.sendline("one")
+    child.expect("again: ")
+    child.sendline("two")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
+    assert "the two passwords differ" in child.before and "$argon2" not in child.before
