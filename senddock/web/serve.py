@@ -8,6 +8,8 @@
   prefetchers follow every URL in a message.
 * A malformed or tampered token is answered 400 and changes nothing.
 * ``GET /healthz`` for load balancers: 200 when the database answers.
+* ``GET /metrics``: the cluster's Prometheus metrics, to ``serve.metrics.allow`` or its token
+  (senddock.web.metrics_endpoint).
 * ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The topic must be one
   of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise;
   503 when the signing certificate cannot be fetched now); a subscription is confirmed; a notification
@@ -42,6 +44,7 @@ from senddock.durations import parse_duration
 from senddock.mail.unsubscribe import BadToken, UnsubscribeToken, read_token
 from senddock.outcome import EventError
 from senddock.web.http_limits import BodyLimit, HttpLimits
+from senddock.web.metrics_endpoint import metrics_endpoint
 from senddock.web.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
 
 log = structlog.get_logger(__name__)
@@ -182,6 +185,7 @@ def create_app(config: Config, db: Database) -> Starlette:
             Route("/unsubscribe/{token}", one_click, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/webhooks/ses", ses_webhook, methods=["POST"]),
+            Route("/metrics", metrics_endpoint(config, db), methods=["GET"]),
         ],
         exception_handlers={404: not_found},
     )
