@@ -153,13 +153,15 @@ def running_node(config, **options):
         thread.join(30)
 
 
-def asgi_request(app, method: str, path: str, body: bytes = b"", headers=()) -> list[dict]:
-    """One HTTP request to an ASGI app in-process; the messages it sent back (start, then body)."""
+def asgi_request(app, method: str, path: str, body: bytes = b"", headers=(),
+                 client: str = "127.0.0.1") -> list[dict]:
+    """One HTTP request to an ASGI app in-process, from ``client``; the messages it sent back
+    (start, then body)."""
     import asyncio
 
     headers = [(b"content-length", str(len(body)).encode()), *headers]
     scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8025),
+             "headers": headers, "client": (client, 5000), "server": ("127.0.0.1", 8025),
              "scheme": "http", "root_path": "", "http_version": "1.1"}
     messages = [{"type": "http.request", "body": body, "more_body": False}]
     sent: list[dict] = []

@@ -274,6 +274,13 @@ class Queue:
         """Fail the jobs put back after their campaign was cancelled."""
         return len(self.conn.execute(query("campaign_cancel_leftovers")).fetchall())
 
+    def fold_tallies(self) -> int:
+        """Fold the tallies of ended sessions into one row per key (migration 11); how many rows went."""
+        with self.conn.transaction():
+            folded = self.conn.execute(query("tallies_fold")).fetchone()[0]
+            self.conn.execute(query("tallies_drop_empty"))
+        return folded
+
     def due_work_exists(self) -> bool:
         return self.conn.execute(query("due_work_exists")).fetchone()[0]
 

@@ -45,6 +45,9 @@ log = structlog.get_logger(__name__)
 
 # The lifeline, the claimer, the completer and one for the chores, the prober and the aftercare.
 MIN_POOL_SIZE = 4
+# How often a node folds the tallies of ended sessions (migration 11): often enough that the
+# table stays small, rare enough to cost nothing.
+FOLD_TALLIES_EVERY = 60.0
 
 __all__ = ["MIN_POOL_SIZE", "RunStats", "Runner"]
 
@@ -79,6 +82,7 @@ class Runner:
         self.metrics = NodeMetrics()
         self.metrics.count_in_flight(lambda: self.slots.in_use)
         self._health: HealthServer | None = None
+        self._tallies_folded_at = float("-inf")
         # Before the first claim: a DKIM key that cannot be read stops the node at start-up.
         self.composer = Composer(config)
         self._wake = threading.Condition()
@@ -189,6 +193,9 @@ class Runner:
                         job=JobRef(row["job_id"], row["broadcast_id"], row["campaign_id"]),
                     ))
                 self.finish_campaigns(queue)
+                if time.monotonic() - self._tallies_folded_at >= FOLD_TALLIES_EVERY:
+                    queue.fold_tallies()
+                    self._tallies_folded_at = time.monotonic()
         except psycopg.OperationalError as exc:
             log.warning("chores_db_lost", error=error_line(exc))
 

@@ -8,6 +8,8 @@
   prefetchers follow every URL in a message.
 * A malformed or tampered token is answered 400 and changes nothing.
 * ``GET /healthz`` for load balancers: 200 when the database answers.
+* ``GET /metrics``: the cluster's Prometheus metrics, to ``serve.metrics.allow`` or its token
+  (senddock.web.metrics_endpoint).
 * ``/dashboard/``: the web dashboard (senddock.web.dashboard), only with ``serve.admin`` configured.
 * ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The topic must be one
   of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise;
@@ -44,6 +46,7 @@ from senddock.mail.unsubscribe import BadToken, UnsubscribeToken, read_token
 from senddock.outcome import EventError
 from senddock.web.dashboard.routes import dashboard_routes
 from senddock.web.http_limits import BodyLimit, HttpLimits
+from senddock.web.metrics_endpoint import metrics_endpoint
 from senddock.web.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
 
 log = structlog.get_logger(__name__)
@@ -184,6 +187,7 @@ def create_app(config: Config, db: Database) -> Starlette:
             Route("/unsubscribe/{token}", one_click, methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/webhooks/ses", ses_webhook, methods=["POST"]),
+            Route("/metrics", metrics_endpoint(config, db), methods=["GET"]),
             *dashboard_routes(config, db),  # none without serve.admin: /dashboard/ is then a 404
         ],
         exception_handlers={404: not_found},

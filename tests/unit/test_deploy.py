@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from senddock.observe.cluster_metrics import ClusterCollector
 from senddock.observe.node_metrics import NodeMetrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -21,9 +22,9 @@ METRIC = re.compile(r"\b(senddock_[a-z_]+|up)\b")
 
 
 def exported() -> set[str]:
-    """Every series name a node exposes, with the suffixes Prometheus adds."""
+    """Every series name a node and `serve` expose, with the suffixes Prometheus adds."""
     names = set()
-    for family in NodeMetrics().registry.collect():
+    for family in [*NodeMetrics().registry.collect(), *ClusterCollector(None, None).describe()]:
         names.add(family.name)
         suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
                     "gauge": ()}[family.type]
