@@ -401,9 +401,10 @@ class Senddock:
                           via=via, origin=origin)
 
     def delivery_log(self, campaign_id: int, *, email: str | None = None, outcome: str | None = None,
-                     in_doubt: bool = False) -> list[dict[str, Any]]:
+                     in_doubt: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
         with self._conn() as conn:
-            return campaign_control.delivery_log(conn, campaign_id, email=email, outcome=outcome, in_doubt=in_doubt)
+            return campaign_control.delivery_log(conn, campaign_id, email=email, outcome=outcome, in_doubt=in_doubt,
+                                                 limit=limit)
 
     def nodes(self) -> list[dict[str, Any]]:
         with self._conn() as conn:

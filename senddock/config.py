@@ -456,10 +456,15 @@ def _secrets_written_in_file(raw: Any) -> Iterator[tuple[str, str]]:
             yield _json_path(parts), "the DSN holds a password: take it from the environment (${PGPASSWORD} or SENDDOCK_DATABASE_URL)"
 
 
+# Secrets whose variable has a name of its own, as the docs give it.
+_SECRET_ENV_NAMES = {("serve", "admin", "password_hash"): "SENDDOCK_ADMIN_PASSWORD_HASH"}
+
+
 def secret_env_name(parts: tuple) -> str:
     """The variable a secret at ``parts`` is suggested to come from: SENDDOCK_ and its path,
     as the shipped config names them (unsubscribe.secret: SENDDOCK_UNSUBSCRIBE_SECRET)."""
-    return "_".join(["SENDDOCK", *(str(p).upper() for p in parts if isinstance(p, str))])
+    named = tuple(p for p in parts if isinstance(p, str))
+    return _SECRET_ENV_NAMES.get(named) or "_".join(["SENDDOCK", *(p.upper() for p in named)])
 
 
 def _bad_references(parts: tuple, value: str) -> Iterator[tuple[str, str]]:
@@ -535,3 +540,17 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
     for key in ("body_timeout", "header_timeout", "keep_alive_timeout", "sns_certificate_timeout"):
         if parse_duration(serve[key]) <= 0:
             yield f"$.serve.{key}", "must be longer than 0s"
+    yield from _admin_problems(serve["admin"])
+
+
+def _admin_problems(admin: Mapping[str, Any] | None) -> Iterator[tuple[str, str]]:
+    """The dashboard's account: a hash it can verify (the value itself is never shown: a secret)."""
+    from senddock.web.dashboard.passwords import is_password_hash
+
+    if admin is None:
+        return
+    if not is_password_hash(admin["password_hash"]):
+        yield "$.serve.admin.password_hash", ("is not an argon2 password hash ($argon2id$v=19$m=...): make one with "
+                                              "`senddock admin hash-password` and pass it from the environment")
+    if parse_duration(admin["session_lifetime"]) <= 0:
+        yield "$.serve.admin.session_lifetime", "must be longer than 0s"

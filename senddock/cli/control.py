@@ -106,6 +106,8 @@ def campaign_set_rate(args: argparse.Namespace, out: Output) -> int:
 
 
 def campaign_history(args: argparse.Namespace, out: Output) -> int:
+    from senddock.core.campaign_control import actor_words  # psycopg with it: not to parse argv
+
     with open_senddock(args) as sd:
         changes = sd.campaign_history(args.id, args.limit)
 
@@ -114,16 +116,8 @@ def campaign_history(args: argparse.Namespace, out: Output) -> int:
             return f"campaign {args.id}: still a draft, no status change yet"
         return table(["at", "from", "to", "reason", "by"],
                      [[f"{c.at:%Y-%m-%d %H:%M:%S%z}", c.from_status or "-", c.to_status,
-                       (c.reason or "") + (" (resumes by itself)" if c.auto_resume else ""), _actor(c.actor)]
+                       (c.reason or "") + (" (resumes by itself)" if c.auto_resume else ""), actor_words(c.actor)]
                       for c in changes])
 
     out.result({"campaign_id": args.id, "changes": [c.as_dict() for c in changes]}, human)
     return EXIT_OK
-
-
-def _actor(application_name: str | None) -> str:
-    # Nodes connect as `senddock-run NODE`, the CLI and the API as senddock: a node or a person.
-    name = application_name or "-"
-    if name.startswith("senddock-run "):
-        return f"node {name.removeprefix('senddock-run ')}"
-    return {"senddock": "CLI or API", "senddock-serve": "serve"}.get(name, name)

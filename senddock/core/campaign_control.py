@@ -31,10 +31,22 @@ class CampaignEvent:
     to_status: str
     reason: str | None
     auto_resume: bool
-    actor: str | None  # application_name: `senddock-run NODE` (a node), senddock (the CLI or the API)
+    actor: str | None  # application_name: `senddock-run NODE` (a node), senddock (the CLI or the API),
+    # `senddock-dashboard USER` (an action in the dashboard): see actor_words
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def actor_words(application_name: str | None) -> str:
+    """Who made a change, from the session's application_name: nodes connect as `senddock-run NODE`,
+    the CLI and the API as senddock, the dashboard's actions as `senddock-dashboard USER`."""
+    name = application_name or "-"
+    if name.startswith("senddock-run "):
+        return f"node {name.removeprefix('senddock-run ')}"
+    if name.startswith("senddock-dashboard "):
+        return f"dashboard ({name.removeprefix('senddock-dashboard ')})"
+    return {"senddock": "CLI or API", "senddock-serve": "serve"}.get(name, name)
 
 
 def campaign_events(conn: psycopg.Connection, campaign_id: int, limit: int = 20) -> list[CampaignEvent]:
@@ -134,13 +146,13 @@ def unsuppress_campaign(conn: psycopg.Connection, campaign_id: int, *, since_pau
 
 
 def delivery_log(conn: psycopg.Connection, campaign_id: int, *, email: str | None = None, outcome: str | None = None,
-                 in_doubt: bool = False) -> list[dict[str, Any]]:
-    """Every attempt of the campaign's broadcast, oldest first; ``in_doubt``: only the attempts
-    of recipients who may have received two copies."""
+                 in_doubt: bool = False, limit: int | None = None) -> list[dict[str, Any]]:
+    """Every attempt of the campaign's broadcast, oldest first (the first ``limit`` of them); ``in_doubt``:
+    only the attempts of recipients who may have received two copies."""
     broadcast_id = get_campaign(conn, campaign_id).broadcast_id
     if broadcast_id is None:
         return []
-    params = {"broadcast_id": broadcast_id, "email": email, "outcome": outcome, "in_doubt": in_doubt}
+    params = {"broadcast_id": broadcast_id, "email": email, "outcome": outcome, "in_doubt": in_doubt, "limit": limit}
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("delivery_log"), params).fetchall()
 

@@ -10,6 +10,7 @@
 * ``GET /healthz`` for load balancers: 200 when the database answers.
 * ``GET /metrics``: the cluster's Prometheus metrics, to ``serve.metrics.allow`` or its token
   (senddock.web.metrics_endpoint).
+* ``/dashboard/``: the web dashboard (senddock.web.dashboard), only with ``serve.admin`` configured.
 * ``POST /webhooks/ses``: SES notifications delivered by SNS over HTTP(S). The topic must be one
   of ``serve.sns_topic_arns`` and the SNS signature must verify (403 and nothing applied otherwise;
   503 when the signing certificate cannot be fetched now); a subscription is confirmed; a notification
@@ -43,6 +44,7 @@ from senddock.core.suppressions import Suppressions
 from senddock.durations import parse_duration
 from senddock.mail.unsubscribe import BadToken, UnsubscribeToken, read_token
 from senddock.outcome import EventError
+from senddock.web.dashboard.routes import dashboard_routes
 from senddock.web.http_limits import BodyLimit, HttpLimits
 from senddock.web.metrics_endpoint import metrics_endpoint
 from senddock.web.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
@@ -186,6 +188,7 @@ def create_app(config: Config, db: Database) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/webhooks/ses", ses_webhook, methods=["POST"]),
             Route("/metrics", metrics_endpoint(config, db), methods=["GET"]),
+            *dashboard_routes(config, db),  # none without serve.admin: /dashboard/ is then a 404
         ],
         exception_handlers={404: not_found},
     )

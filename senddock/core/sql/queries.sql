@@ -1455,7 +1455,8 @@ SELECT s.id, s.email, s.name, s.status, s.attributes, s.created_at,
 
 -- name: delivery_log
 -- Every attempt of a campaign's broadcast; --in-doubt keeps the recipients who may have got two
--- copies (an attempt recorded as in doubt, and the job sent in the end).
+-- copies (an attempt recorded as in doubt, and the job sent in the end). %(limit)s NULL: all of them
+-- (the CLI); the dashboard shows the first few hundred.
 SELECT a.finished_at AS at, j.email, a.attempt, a.node, a.outcome, a.in_doubt, a.phase, a.smtp_code AS code,
        a.enhanced_code, a.message, a.provider_message_id, a.claim_lost, a.job_id
   FROM delivery_attempts a
@@ -1464,7 +1465,8 @@ SELECT a.finished_at AS at, j.email, a.attempt, a.node, a.outcome, a.in_doubt, a
    AND (%(email)s::text IS NULL OR lower(j.email) = lower(%(email)s))
    AND (%(outcome)s::text IS NULL OR a.outcome = %(outcome)s)
    AND (NOT %(in_doubt)s OR (a.in_doubt AND j.status = 'sent'))
- ORDER BY a.finished_at, a.id;
+ ORDER BY a.finished_at, a.id
+ LIMIT %(limit)s;
 
 -- name: nodes_list
 -- Live nodes and those seen in the last day, with their jobs in flight.
@@ -1475,3 +1477,58 @@ SELECT n.name, n.id, n.host, n.pid, n.started_at, n.stopped_at,
   FROM nodes n
  WHERE n.stopped_at IS NULL OR n.heartbeat_at > now() - interval '1 day'
  ORDER BY n.started_at DESC;
+
+-- name: campaign_activity
+-- The dashboard's charts: a campaign's sends begun per minute by how they ended, from %(since)s
+-- (its start) to %(until)s (now while it sends; when it finished or paused otherwise), the last
+-- hour of it at most and ten minutes at least, and what came back per minute after the send
+-- (bounces and complaints by the time they arrived). A minute with nothing is a row of zeros, so
+-- the chart's time axis has no gaps.
+WITH span AS (SELECT date_trunc('minute', %(until)s::timestamptz) AS last),
+minutes AS (
+    SELECT generate_series(least(last - interval '9 minutes',
+                                 greatest(date_trunc('minute', %(since)s::timestamptz), last - interval '59 minutes')),
+                           last, interval '1 minute') AS minute
+      FROM span),
+attempts AS (
+    SELECT date_trunc('minute', a.started_at) AS minute,
+           count(*) FILTER (WHERE a.outcome = 'sent') AS sent,
+           count(*) FILTER (WHERE a.outcome = 'bounce') AS bounced,
+           count(*) FILTER (WHERE a.outcome = 'fail') AS failed,
+           count(*) FILTER (WHERE a.outcome NOT IN ('sent', 'bounce', 'fail')) AS other
+      FROM delivery_attempts a, span
+     WHERE a.broadcast_id = %(broadcast_id)s
+       AND a.started_at >= span.last - interval '59 minutes'
+       AND a.started_at < span.last + interval '1 minute'
+     GROUP BY 1),
+came_back AS (
+    SELECT date_trunc('minute', e.received_at) AS minute,
+           count(*) FILTER (WHERE e.kind = 'bounce') AS later_bounces,
+           count(*) FILTER (WHERE e.kind = 'complaint') AS complaints
+      FROM delivery_events e, span
+     WHERE e.broadcast_id = %(broadcast_id)s
+       AND e.received_at >= span.last - interval '59 minutes'
+       AND e.received_at < span.last + interval '1 minute'
+     GROUP BY 1)
+SELECT m.minute, coalesce(a.sent, 0) AS sent, coalesce(a.bounced, 0) AS bounced, coalesce(a.failed, 0) AS failed,
+       coalesce(a.other, 0) AS other, coalesce(c.later_bounces, 0) AS later_bounces,
+       coalesce(c.complaints, 0) AS complaints
+  FROM minutes m
+  LEFT JOIN attempts a ON a.minute = m.minute
+  LEFT JOIN came_back c ON c.minute = m.minute
+ ORDER BY m.minute;
+
+-- name: campaign_recent_done
+-- Jobs of a campaign done (sent, or failed for good) by sends begun in the last minute, and the
+-- seconds of that minute it was sending (less just after it started): its rate, for the ETA.
+SELECT (SELECT count(*) FROM delivery_attempts a
+         WHERE a.broadcast_id = c.broadcast_id AND a.started_at >= now() - interval '1 minute'
+           AND a.outcome IN ('sent', 'bounce', 'fail')) AS done,
+       least(60.0, extract(epoch FROM now() - coalesce(c.started_at, now())))::float8 AS seconds
+  FROM campaigns c
+ WHERE c.id = %(campaign_id)s;
+
+-- name: session_actor
+-- Who changes a campaign from the dashboard, for this transaction only: the campaign_events
+-- trigger records application_name as the actor (`senddock-dashboard admin`).
+SELECT set_config('application_name', %(actor)s, true);
