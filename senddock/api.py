@@ -41,6 +41,7 @@ from senddock.outcome import (
     Recipient,
     SendResult,
 )
+from senddock.webhooks.settings import subscriptions
 
 # Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
 # methods that use them: a status query or a list must not load them (see bench/cli_latency.py).
@@ -263,7 +264,7 @@ class Senddock:
     def pause_campaign(self, campaign_id: int) -> None:
         """Stop claiming its jobs (every node, within a send); in-flight sends finish."""
         with self._conn() as conn:
-            campaign_control.pause_campaign(conn, campaign_id)
+            campaign_control.pause_campaign(conn, campaign_id, webhooks=subscriptions(self.config.data))
 
     def cancel_campaign(self, campaign_id: int) -> int:
         """Fail its unsent jobs as cancelled; returns how many."""
@@ -414,7 +415,7 @@ class Senddock:
     def unsubscribe(self, email: str) -> str:
         """Unsubscribe and suppress; returns the status now (a blocklisted subscriber stays so)."""
         with self._conn() as conn:
-            return subscribers.set_status(conn, email, "unsubscribed")
+            return subscribers.set_status(conn, email, "unsubscribed", webhooks=subscriptions(self.config.data))
 
     def blocklist(self, email: str) -> str:
         with self._conn() as conn:

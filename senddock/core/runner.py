@@ -40,6 +40,8 @@ from senddock.mail.compose import Composer
 from senddock.observe.health_server import HealthServer
 from senddock.observe.node_metrics import NodeMetrics
 from senddock.outcome import Bounce, BounceKind, BounceSource, JobRef
+from senddock.webhooks.deliverer import Webhooks
+from senddock.webhooks.settings import endpoints, subscriptions
 
 log = structlog.get_logger(__name__)
 
@@ -76,6 +78,9 @@ class Runner:
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self.stats = RunStats()
+        self.webhooks = subscriptions(config.data)
+        # Delivered by every node from the shared outbox; no thread at all without webhooks.
+        self.deliverers = Webhooks(endpoints(config.data), self.db, poll_interval=config.poll_interval)
         self.metrics = NodeMetrics()
         self.metrics.count_in_flight(lambda: self.slots.in_use)
         self._health: HealthServer | None = None
@@ -97,7 +102,7 @@ class Runner:
         return self.held_claims.tokens()
 
     def queue(self, conn: psycopg.Connection) -> Queue:
-        return Queue(conn, self.node, result_commit=self.config.database.result_commit)
+        return Queue(conn, self.node, result_commit=self.config.database.result_commit, webhooks=self.webhooks)
 
     # -- shared by the parts of the node -------------------------------------------------------
 
@@ -241,6 +246,7 @@ class Runner:
         self.senders.start()
         self.claimer.start()
         self.prober.start()
+        self.deliverers.start()
 
     @contextmanager
     def _pooled_queue(self) -> Iterator[Queue]:
@@ -257,12 +263,17 @@ class Runner:
             return False
         try:
             with self.db.connection() as conn:
-                return not self.queue(conn).due_work_exists() and not self._busy()
+                queue = self.queue(conn)
+                # Events due now are part of the drain; those waiting for a retry are not.
+                if self.deliverers.threads and queue.webhooks_due([t.endpoint.id for t in self.deliverers.threads]):
+                    return False
+                return not queue.due_work_exists() and not self._busy()
         except psycopg.OperationalError:
             return False
 
     def _shutdown(self) -> None:
         self.request_stop()
+        self.deliverers.stop()  # events not delivered yet stay in the outbox for any node
         deadline = time.monotonic() + self.config.shutdown_timeout
         if self.claimer is not None:
             self.claimer.join(max(0.0, deadline - time.monotonic()))
