@@ -26,6 +26,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class Request:
+    path: str
     headers: dict[str, str]
     body: bytes
     answered: int
@@ -39,6 +40,7 @@ class Receiver:
     def __init__(self, answer: Callable[[int, bytes], Answer] | None = None, *, tls: ssl.SSLContext | None = None):
         self.answer = answer or (lambda n, body: Answer())
         self.requests: list[Request] = []
+        self.streamed = 0  # bytes of huge replies the client took
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         receiver = self
@@ -54,7 +56,7 @@ class Receiver:
                 with receiver.lock:
                     number = len(receiver.requests) + 1
                     answer = receiver.answer(number, body)
-                    receiver.requests.append(Request({k.lower(): v for k, v in self.headers.items()}, body,
+                    receiver.requests.append(Request(self.path, {k.lower(): v for k, v in self.headers.items()}, body,
                                                      answer.status))
                 if answer.delay:
                     receiver.stopped.wait(answer.delay)
@@ -70,6 +72,7 @@ class Receiver:
                             if receiver.stopped.is_set():
                                 break
                             self.wfile.write(chunk)
+                            receiver.streamed += len(chunk)
                     else:
                         self.wfile.write(answer.body)
                 except OSError:

@@ -72,7 +72,7 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Repl
             raise TimeoutError
         return _judge(url, status, response, text)
     except ssl.SSLCertVerificationError as exc:
-        return Reply(None, f"TLS failure: {exc.verify_message or exc.reason} ({shown_url(url)})")
+        return Reply(None, f"TLS failure: certificate verify failed: {exc.verify_message or exc.reason}")
     except ssl.SSLError as exc:
         return Reply(None, f"TLS failure: {exc.reason or exc}")
     except (TimeoutError, socket.timeout):
