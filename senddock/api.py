@@ -41,6 +41,7 @@ from senddock.outcome import (
     Recipient,
     SendResult,
 )
+from senddock.webhooks import admin as webhook_admin
 from senddock.webhooks.settings import subscriptions
 
 # Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
@@ -409,6 +410,21 @@ class Senddock:
     def nodes(self) -> list[dict[str, Any]]:
         with self._conn() as conn:
             return nodes.list_nodes(conn, self.config.recovery.lease)
+
+    # -- webhooks --------------------------------------------------------------------------------
+
+    def webhooks(self) -> dict[str, Any]:
+        """Each endpoint with its events by status and its state, and the events failing lately."""
+        with self._conn() as conn:
+            return webhook_admin.status(conn, self.config.data)
+
+    def replay_webhooks(self, *, event: str | None = None, since: datetime | None = None) -> list[dict[str, Any]]:
+        with self._conn() as conn:
+            return webhook_admin.replay(conn, event=event, since=since)
+
+    def enable_webhook(self, which: str) -> str:
+        with self._conn() as conn:
+            return webhook_admin.enable(conn, self.config.data, which)
 
     # -- subscribers -----------------------------------------------------------------------------
 
