@@ -52,7 +52,10 @@ class Receiver:
                 pass
 
             def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                try:
+                    body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                except OSError:
+                    return  # the client died mid-request (a node killed with kill -9)
                 with receiver.lock:
                     number = len(receiver.requests) + 1
                     answer = receiver.answer(number, body)

@@ -265,7 +265,7 @@ class Runner:
             with self.db.connection() as conn:
                 queue = self.queue(conn)
                 # Events due now are part of the drain; those waiting for a retry are not.
-                if self.deliverers.threads and queue.webhooks_due([t.endpoint.id for t in self.deliverers.threads]):
+                if self.deliverers.endpoint_ids and queue.webhooks_due(self.deliverers.endpoint_ids):
                     return False
                 return not queue.due_work_exists() and not self._busy()
         except psycopg.OperationalError:

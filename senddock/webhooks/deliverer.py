@@ -1,4 +1,4 @@
-"""Delivery from the outbox: on every ``senddock run`` node, one thread per endpoint.
+"""Delivery from the outbox: on every ``senddock run`` node, ``concurrency`` threads per endpoint.
 
 Each round is three short steps, none holding a transaction across the network: claim (the due
 events of the endpoint, leased with SKIP LOCKED: several nodes share one outbox), POST them signed,
@@ -28,9 +28,14 @@ from senddock.webhooks.settings import Endpoint
 
 log = structlog.get_logger(__name__)
 
-# Beyond the POST's own deadline: the time to record its result before another node may take it.
-LEASE_MARGIN = 30.0
+# How long a claim holds its events: the POST's own deadline, then as long again and a margin to
+# record its result, before another node may take them (a node killed mid-POST: delivered again).
+LEASE_MARGIN = 5.0
 PRUNE_EVERY = 60.0
+
+
+def lease(endpoint: Endpoint) -> float:
+    return 2 * endpoint.timeout + LEASE_MARGIN
 
 
 def body_and_id(endpoint: Endpoint, events: Sequence[outbox.Claimed]) -> tuple[bytes, str]:
@@ -51,12 +56,14 @@ def deliver(endpoint: Endpoint, events: Sequence[outbox.Claimed]) -> Reply:
 
 
 class EndpointDeliverer(threading.Thread):
-    def __init__(self, endpoint: Endpoint, db: Database, *, poll_interval: float) -> None:
-        super().__init__(name=f"senddock-webhook-{endpoint.id}", daemon=True)
+    def __init__(self, endpoint: Endpoint, db: Database, *, poll_interval: float, prunes: bool = True,
+                 number: int = 1) -> None:
+        super().__init__(name=f"senddock-webhook-{endpoint.id}-{number}", daemon=True)
         self.endpoint = endpoint
         self._db = db
         self._poll = poll_interval
         self._stopping = threading.Event()
+        self._prunes = prunes  # one thread of the endpoint's prunes its rows
         self._pruned_at = 0.0
         self.delivered = 0  # events, for the run summary and tests
         self.failed = 0
@@ -83,9 +90,9 @@ class EndpointDeliverer(threading.Thread):
         """One claim, its POST, its record; True when there was something to deliver."""
         endpoint, token = self.endpoint, uuid.uuid4()
         with self._db.connection() as conn:
-            if time.monotonic() - self._pruned_at > PRUNE_EVERY:
+            if self._prunes and time.monotonic() - self._pruned_at > PRUNE_EVERY:
                 self._prune(conn)
-            events = outbox.claim(conn, endpoint, token, endpoint.timeout + LEASE_MARGIN)
+            events = outbox.claim(conn, endpoint, token, lease(endpoint))
         if not events:
             return False
         reply = deliver(endpoint, events)  # no connection held meanwhile
@@ -120,10 +127,12 @@ class EndpointDeliverer(threading.Thread):
 
 
 class Webhooks:
-    """The node's deliverers, one per configured endpoint (none: nothing runs)."""
+    """The node's deliverers, ``concurrency`` per configured endpoint (none: nothing runs)."""
 
     def __init__(self, endpoints: Sequence[Endpoint], db: Database, *, poll_interval: float) -> None:
-        self.threads = [EndpointDeliverer(e, db, poll_interval=poll_interval) for e in endpoints]
+        self.threads = [EndpointDeliverer(e, db, poll_interval=poll_interval, prunes=n == 1, number=n)
+                        for e in endpoints for n in range(1, e.concurrency + 1)]
+        self.endpoint_ids = [e.id for e in endpoints]
 
     def start(self) -> None:
         for thread in self.threads:

@@ -38,6 +38,7 @@ class Endpoint:
     max_age: float = 3 * 86400.0
     timeout: float = 15.0
     batch: int = 1
+    concurrency: int = 4
     keep_delivered: float = 7 * 86400.0
     keep_dead: float = 30 * 86400.0
 
@@ -109,7 +110,7 @@ def endpoints(config_data: Mapping[str, Any]) -> list[Endpoint]:
             secret=decode_secret(item["secret"]),
             schedule=tuple(parse_duration(d) for d in retry["schedule"]),
             max_age=parse_duration(retry["max_age"]), timeout=parse_duration(item["timeout"]),
-            batch=item["batch"], keep_delivered=parse_duration(item["keep_delivered"]),
+            batch=item["batch"], concurrency=item["concurrency"], keep_delivered=parse_duration(item["keep_delivered"]),
             keep_dead=parse_duration(item["keep_dead"]),
         ))
     return found
