@@ -270,3 +270,49 @@ def _apply(app, events):
     from senddock.core.events import apply_events
 
     return apply_events(app.db, app.config.plugin_manager, app.config, app.suppressions, events)
+
+
+def payloads(app) -> list[dict]:
+    with app.db.connection() as conn:
+        return [row[0] for row in conn.execute("SELECT payload FROM webhook_outbox ORDER BY id")]
+
+
+def test_bounces_at_the_send_and_the_bounce_rate_pause_are_events(make_config, smtp_sink):
+    from senddock.sink import FailRule
+
+    smtp_sink.handler.rules = [FailRule.parse("dead*@*=550 5.1.1 no such user")]
+    with Receiver() as receiver:
+        config = make_config(fast_settings(smtp_sink.port, workers=1, webhooks=[
+            hook(receiver.url, events=["bounced", "campaign_paused", "campaign_finished"])]))
+    app = Senddock(config)
+    emails = [f"dead{i}@example.com" for i in range(8)] + [f"user{i}@example.com" for i in range(30)]
+    campaign_id = make_broadcast(app, emails)
+    drain(config)  # the receiver is gone: the events wait in the outbox
+    found = payloads(app)
+    bounced = [p["data"] for p in found if p["type"] == "message.bounced"]
+    assert bounced and {b["email"] for b in bounced} <= {f"dead{i}@example.com" for i in range(8)}
+    assert all((b["source"], b["bounce_type"], b["code"], b["enhanced_code"]) == ("send", "hard", 550, "5.1.1")
+               for b in bounced)
+    paused = [p["data"] for p in found if p["type"] == "campaign.paused"]
+    assert paused == [{"campaign_id": campaign_id, "reason": "bounce_rate", "auto_resume": False}]
+    assert not [p for p in found if p["type"] == "campaign.finished"]
+    assert not [p for p in found if p["type"] == "message.sent"]  # not subscribed: not written
+    app.close()
+
+
+def test_an_unsubscribe_link_is_announced_once(make_config):
+    from senddock.core import subscribers
+    from senddock.webhooks.settings import subscriptions
+
+    with Receiver() as receiver:
+        config = make_config(fast_settings(webhooks=[hook(receiver.url, events=["unsubscribed"])]))
+    app = Senddock(config)
+    campaign_id = make_broadcast(app, ["a@example.com"], send=False)
+    subscriber_id = app.subscriber("a@example.com")["id"]
+    with app.db.connection() as conn:
+        for _ in range(2):  # mail providers repeat one-click posts
+            assert subscribers.unsubscribe(conn, subscriber_id, campaign_id,
+                                           webhooks=subscriptions(config.data)) == "a@example.com"
+    assert [p["data"] for p in payloads(app)] == [
+        {"email": "a@example.com", "subscriber_id": subscriber_id, "campaign_id": campaign_id, "source": "link"}]
+    app.close()

@@ -1255,9 +1255,10 @@ SELECT id AS subscriber_id, email, name, attributes FROM subscribers WHERE lower
 WITH was AS (
     SELECT id, status FROM subscribers WHERE id = %(subscriber_id)s FOR UPDATE
 ), target AS (
-    UPDATE subscribers SET status = 'unsubscribed', updated_at = now()
-     WHERE id = %(subscriber_id)s AND status <> 'blocklisted'
-    RETURNING id, email
+    UPDATE subscribers s SET status = 'unsubscribed', updated_at = now()
+      FROM was w
+     WHERE s.id = w.id AND w.status <> 'blocklisted'
+    RETURNING s.id, s.email, w.status AS was
 ), suppressed AS (
     INSERT INTO suppressions (email, reason, diagnostic)
     SELECT email, 'unsubscribed', 'campaign ' || %(campaign_id)s::text FROM target
@@ -1267,7 +1268,7 @@ WITH was AS (
     RETURNING id
 )
 SELECT s.email, EXISTS (SELECT FROM target) AS found,
-       EXISTS (SELECT FROM target) AND (SELECT status FROM was) <> 'unsubscribed' AS newly
+       EXISTS (SELECT FROM target WHERE was <> 'unsubscribed') AS newly
   FROM subscribers s WHERE s.id = %(subscriber_id)s;
 
 -- name: jobs_release_claim
