@@ -1552,7 +1552,7 @@ SELECT id, 'msg_' || msg_id AS webhook_id, endpoint, type, status, attempts, las
 -- so does the max_age window (from the replay).
 UPDATE webhook_outbox
    SET status = 'pending', next_attempt_at = now(), attempts = 0, done_at = NULL, claim_token = NULL,
-       created_at = now()
+       created_at = now(), last_status = NULL, last_error = NULL
  WHERE status IN ('delivered', 'dead')
    AND (id = %(id)s OR msg_id = %(msg_id)s OR created_at >= %(since)s)
 RETURNING id, endpoint, type;
