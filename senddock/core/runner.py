@@ -287,6 +287,7 @@ class Runner:
         self.aftercare.finish(max(5.0, deadline - time.monotonic()))
         if self.prober.is_alive():
             self.prober.join(max(1.0, deadline - time.monotonic()))
+        self.deliverers.join()
         self.lifeline.stop()
         self.lifeline.join(5)
         if self._health is not None:

@@ -138,10 +138,14 @@ class Webhooks:
         for thread in self.threads:
             thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """A POST under way is left to finish or not: its events stay leased, and go again."""
+    def stop(self) -> None:
+        """No new claims; a POST under way is left to finish or not (its events stay leased, and
+        go again). Returns at once: a node's shutdown never waits on a receiver."""
         for thread in self.threads:
             thread.stop()
+
+    def join(self, timeout: float = 2.0) -> None:
+        """Before the pool closes: give a thread that is recording a result the time to."""
         deadline = time.monotonic() + timeout
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))

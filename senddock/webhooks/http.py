@@ -9,12 +9,13 @@ byte a second would hold it for ever), is a timer that shuts the socket.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import socket
 import ssl
 import threading
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from senddock.webhooks.settings import shown_url
 
@@ -43,6 +44,9 @@ def _tls() -> ssl.SSLContext:
 def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Reply:
     parts = urlsplit(url)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    if parts.username is not None:  # https://user:password@host/...: HTTP basic authentication
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers = {**headers, "authorization": "Basic " + base64.b64encode(credentials).decode()}
     if parts.scheme == "https":
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
             parts.hostname, parts.port, timeout=timeout, context=_tls())

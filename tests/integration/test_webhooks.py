@@ -316,3 +316,19 @@ def test_an_unsubscribe_link_is_announced_once(make_config):
     assert [p["data"] for p in payloads(app)] == [
         {"email": "a@example.com", "subscriber_id": subscriber_id, "campaign_id": campaign_id, "source": "link"}]
     app.close()
+
+
+def test_a_url_with_credentials_sends_basic_auth_and_never_shows_the_password(make_config):
+    import base64
+
+    from senddock.webhooks.settings import endpoints
+
+    with Receiver() as receiver:
+        url = receiver.url.replace("http://", "http://hooks:pa%40ss@")
+        app = _one_event(make_config, url)
+        _deliver_until(app, lambda rows: rows[0][1] == "delivered", "the delivery")
+        [request] = receiver.requests
+    assert request.headers["authorization"] == "Basic " + base64.b64encode(b"hooks:pa@ss").decode()
+    [endpoint] = endpoints(app.config.data)
+    assert endpoint.shown_url.startswith("http://hooks:***@127.0.0.1:") and "pa%40ss" not in repr(endpoint)
+    app.close()
