@@ -79,9 +79,10 @@ class Runner:
         self.stopping = threading.Event()
         self.stats = RunStats()
         self.webhooks = subscriptions(config.data)
-        # Delivered by every node from the shared outbox; no thread at all without webhooks.
-        self.deliverers = Webhooks(endpoints(config.data), self.db, poll_interval=config.poll_interval)
         self.metrics = NodeMetrics()
+        # Delivered by every node from the shared outbox; no thread at all without webhooks.
+        self.deliverers = Webhooks(endpoints(config.data), self.db, poll_interval=config.poll_interval,
+                                   metrics=self.metrics)
         self.metrics.count_in_flight(lambda: self.slots.in_use)
         self._health: HealthServer | None = None
         # Before the first claim: a DKIM key that cannot be read stops the node at start-up.

@@ -22,6 +22,7 @@ import structlog
 
 from senddock.core.db import Database
 from senddock.errors import error_line
+from senddock.observe.node_metrics import NodeMetrics
 from senddock.webhooks import outbox, signing
 from senddock.webhooks.http import Reply, post
 from senddock.webhooks.settings import Endpoint
@@ -57,13 +58,14 @@ def deliver(endpoint: Endpoint, events: Sequence[outbox.Claimed]) -> Reply:
 
 class EndpointDeliverer(threading.Thread):
     def __init__(self, endpoint: Endpoint, db: Database, *, poll_interval: float, prunes: bool = True,
-                 number: int = 1) -> None:
+                 number: int = 1, metrics: NodeMetrics | None = None) -> None:
         super().__init__(name=f"senddock-webhook-{endpoint.id}-{number}", daemon=True)
         self.endpoint = endpoint
         self._db = db
         self._poll = poll_interval
         self._stopping = threading.Event()
         self._prunes = prunes  # one thread of the endpoint's prunes its rows
+        self._metrics = metrics
         self._pruned_at = 0.0
         self.delivered = 0  # events, for the run summary and tests
         self.failed = 0
@@ -101,6 +103,7 @@ class EndpointDeliverer(threading.Thread):
             if reply.error is None:
                 outbox.delivered(conn, ids, reply.status)
                 self.delivered += len(ids)
+                self._count("delivered", len(ids))
                 log.debug("webhook_delivered", endpoint=endpoint.id, events=len(ids), status=reply.status)
                 return True
             if reply.gone:
@@ -111,6 +114,8 @@ class EndpointDeliverer(threading.Thread):
                                    retry_after=reply.retry_after)
         self.failed += len(ids)
         dead = [i for i, state in states.items() if state == "dead"]
+        self._count("failed", len(ids) - len(dead))
+        self._count("dead", len(dead))
         log.warning("webhook_failed", endpoint=endpoint.id, url=endpoint.shown_url, events=len(ids),
                     attempt=max(e.attempts for e in events), status=reply.status, error=reply.error,
                     dead=len(dead) or None)
@@ -118,6 +123,10 @@ class EndpointDeliverer(threading.Thread):
             log.error("webhook_dead", endpoint=endpoint.id, events=dead[:20], error=reply.error,
                       meaning="not delivered within retry.max_age: kept with the error; `senddock webhooks replay`")
         return False  # a receiver that failed is not sent the next events at once
+
+    def _count(self, outcome: str, events: int) -> None:
+        if self._metrics is not None and events:
+            self._metrics.webhook_events.labels(endpoint=self.endpoint.id, outcome=outcome).inc(events)
 
     def _prune(self, conn: psycopg.Connection) -> None:
         self._pruned_at = time.monotonic()
@@ -129,8 +138,9 @@ class EndpointDeliverer(threading.Thread):
 class Webhooks:
     """The node's deliverers, ``concurrency`` per configured endpoint (none: nothing runs)."""
 
-    def __init__(self, endpoints: Sequence[Endpoint], db: Database, *, poll_interval: float) -> None:
-        self.threads = [EndpointDeliverer(e, db, poll_interval=poll_interval, prunes=n == 1, number=n)
+    def __init__(self, endpoints: Sequence[Endpoint], db: Database, *, poll_interval: float,
+                 metrics: NodeMetrics | None = None) -> None:
+        self.threads = [EndpointDeliverer(e, db, poll_interval=poll_interval, prunes=n == 1, number=n, metrics=metrics)
                         for e in endpoints for n in range(1, e.concurrency + 1)]
         self.endpoint_ids = [e.id for e in endpoints]
 

@@ -11,6 +11,7 @@ import standardwebhooks
 
 from senddock.api import Senddock
 from senddock.testing import drain, fast_settings
+from senddock.webhooks.settings import endpoints
 from tests_support import make_broadcast, running_node, wait_for
 from webhook_receiver import SECRET, Answer, Receiver
 
@@ -76,8 +77,14 @@ def test_ids_are_stable_across_retries_and_a_500_is_retried(make_config, smtp_si
             hook(receiver.url, events=["sent"], retry={"schedule": ["100ms"]})]))
         app = Senddock(config)
         make_broadcast(app, ["a@example.com"])
-        with running_node(config):
+        with running_node(config) as node:
             receiver.wait_for(lambda r: len(r.accepted()) == 1, 30, "the delivery after two failures")
+            wait_for(lambda: outbox(app)[0][1] == "delivered", 10, "the delivery recorded")
+            [endpoint] = endpoints(config.data)
+            counted = {outcome: node.metrics.registry.get_sample_value(
+                "senddock_webhook_events_total", {"endpoint": endpoint.id, "outcome": outcome})
+                for outcome in ("delivered", "failed")}
+        assert counted == {"delivered": 1.0, "failed": 2.0}
         verified(receiver)
         ids = [r.headers["webhook-id"] for r in receiver.requests]
     assert len(ids) == 3 and len(set(ids)) == 1
