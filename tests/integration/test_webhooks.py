@@ -206,14 +206,25 @@ def test_delivered_events_are_pruned_after_keep_delivered(make_config):
     from senddock.webhooks.settings import endpoints
 
     with Receiver() as receiver:
-        app = _one_event(make_config, receiver.url, keep_delivered="1s")
+        app = _one_event(make_config, receiver.url, keep_delivered="1h", keep_dead="2h")
         _deliver_until(app, lambda rows: rows[0][1] == "delivered", "the delivery")
     [endpoint] = endpoints(app.config.data)
     with app.db.connection() as conn:
-        assert box.prune(conn, endpoint) == (0, 0)  # delivered less than 1s ago: kept
-        conn.execute("UPDATE webhook_outbox SET done_at = now() - interval '2 seconds'")
+        assert box.prune(conn, endpoint) == (0, 0)  # delivered less than 1h ago: kept
+        conn.execute("UPDATE webhook_outbox SET done_at = now() - interval '61 minutes'")
         assert box.prune(conn, endpoint) == (1, 0)
-    assert outbox(app) == []
+        assert outbox(app) == []
+        # Dead events are kept keep_dead (2h); an endpoint's receiver turned off: its pending
+        # events die once past retry.max_age (3d), and are then kept as dead ones are.
+        for status, age in (("dead", "3 hours"), ("dead", "1 hour"), ("pending", "4 days")):
+            conn.execute("INSERT INTO webhook_outbox (endpoint, type, payload, status, created_at, done_at) "
+                         "VALUES (%s, 'subscriber.unsubscribed', '{}', %s, now() - %s::interval, "
+                         "CASE WHEN %s = 'dead' THEN now() - %s::interval END)",
+                         (endpoint.id, status, age, status, age))
+        assert box.prune(conn, endpoint) == (1, 0)  # the pending one waits: its endpoint is not disabled
+        box.disable(conn, endpoint, "HTTP 410 Gone")
+        assert box.prune(conn, endpoint) == (0, 1)
+    assert [(row[1], row[3]) for row in outbox(app)] == [("dead", None), ("dead", "endpoint disabled: HTTP 410 Gone")]
     app.close()
 
 
