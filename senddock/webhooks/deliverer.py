@@ -52,7 +52,7 @@ def body_and_id(endpoint: Endpoint, events: Sequence[outbox.Claimed]) -> tuple[b
 
 def deliver(endpoint: Endpoint, events: Sequence[outbox.Claimed]) -> Reply:
     body, msg_id = body_and_id(endpoint, events)
-    return post(endpoint.url, body, signing.headers(endpoint.secret, msg_id, int(time.time()), body),
+    return post(endpoint.url, body, signing.headers(endpoint.secrets, msg_id, int(time.time()), body),
                 endpoint.timeout)
 
 

@@ -33,7 +33,7 @@ class Endpoint:
     id: str  # a hash of the URL: every node with the same config shares the endpoint's rows
     url: str = ""
     events: tuple[str, ...] = ()
-    secret: bytes = b""
+    secrets: tuple[bytes, ...] = ()  # the first is the current key; the others while receivers rotate
     schedule: tuple[float, ...] = ()
     max_age: float = 3 * 86400.0
     timeout: float = 15.0
@@ -101,13 +101,17 @@ def decode_secret(secret: str) -> bytes:
     return key
 
 
+def _listed(secret: str | list[str]) -> list[str]:
+    return secret if isinstance(secret, list) else [secret]
+
+
 def endpoints(config_data: Mapping[str, Any]) -> list[Endpoint]:
     found = []
     for item in config_data.get("webhooks") or []:
         retry = item["retry"]
         found.append(Endpoint(
             id=endpoint_id(item["url"]), url=item["url"], events=tuple(item["events"]),
-            secret=decode_secret(item["secret"]),
+            secrets=tuple(decode_secret(s) for s in _listed(item["secret"])),
             schedule=tuple(parse_duration(d) for d in retry["schedule"]),
             max_age=parse_duration(retry["max_age"]), timeout=parse_duration(item["timeout"]),
             batch=item["batch"], concurrency=item["concurrency"], keep_delivered=parse_duration(item["keep_delivered"]),
@@ -126,10 +130,12 @@ def webhook_problems(data: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     seen: dict[str, int] = {}
     for index, item in enumerate(data.get("webhooks") or []):
         where = f"$.webhooks[{index}]"
-        try:
-            decode_secret(item["secret"])
-        except ValueError as exc:
-            yield f"{where}.secret", str(exc)
+        listed = isinstance(item["secret"], list)
+        for number, secret in enumerate(_listed(item["secret"])):
+            try:
+                decode_secret(secret)
+            except ValueError as exc:
+                yield f"{where}.secret" + (f"[{number}]" if listed else ""), str(exc)
         if item["url"] in seen:
             yield f"{where}.url", f"the same URL as webhooks[{seen[item['url']]}]: list its events once"
         seen.setdefault(item["url"], index)

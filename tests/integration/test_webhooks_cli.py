@@ -113,6 +113,16 @@ def test_a_bad_secret_is_a_config_error_that_prints_no_value(cli, tmp_path, monk
     monkeypatch.setenv("SENDDOCK_WEBHOOK_SECRET", "hunter2-hunter2-hunter2-hunter2")
     shown = cli("webhooks", "ls", "-c", path)
     assert shown.exit_code == 2 and "must start with whsec_" in shown.stderr and "hunter2" not in shown.stderr
+    rotating = tmp_path / "rotating.yaml"
+    rotating.write_text(yaml.safe_dump({"webhooks": [{"url": "https://crm.example.com/hook",
+                                                      "secret": ["${SENDDOCK_WEBHOOK_SECRET}", "${OLD_SECRET}"]}]}),
+                        encoding="utf-8")
+    monkeypatch.setenv("SENDDOCK_WEBHOOK_SECRET", SECRET)
+    monkeypatch.setenv("OLD_SECRET", "whsec_c2hvcnQ=")
+    shown = cli("check-config", "-c", rotating)
+    assert shown.exit_code == 2 and "$.webhooks[0].secret[1]: is too short" in shown.stderr
+    monkeypatch.setenv("OLD_SECRET", SECRET.replace("c2Vu", "b2xk"))
+    assert cli("check-config", "-c", rotating).exit_code == 0
     written = tmp_path / "written.yaml"
     written.write_text(yaml.safe_dump({"webhooks": [{"url": "https://crm.example.com/hook", "secret": SECRET}]}),
                        encoding="utf-8")
