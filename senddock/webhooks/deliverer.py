@@ -33,6 +33,8 @@ log = structlog.get_logger(__name__)
 # record its result, before another node may take them (a node killed mid-POST: delivered again).
 LEASE_MARGIN = 5.0
 PRUNE_EVERY = 60.0
+PRUNE_LIMIT = 10_000
+PRUNE_ROUNDS = 100
 
 
 def lease(endpoint: Endpoint) -> float:
@@ -129,8 +131,15 @@ class EndpointDeliverer(threading.Thread):
             self._metrics.webhook_events.labels(endpoint=self.endpoint.id, outcome=outcome).inc(events)
 
     def _prune(self, conn: psycopg.Connection) -> None:
+        """Up to PRUNE_ROUNDS x PRUNE_LIMIT rows a minute, each round its own short statement
+        (a busy endpoint delivers hundreds of thousands of events a minute)."""
         self._pruned_at = time.monotonic()
-        pruned, expired = outbox.prune(conn, self.endpoint)
+        pruned = expired = 0
+        for _ in range(PRUNE_ROUNDS):
+            deleted, died = outbox.prune(conn, self.endpoint, PRUNE_LIMIT)
+            pruned, expired = pruned + deleted, expired + died
+            if deleted < PRUNE_LIMIT or self._stopping.is_set():
+                break
         if pruned or expired:
             log.info("webhook_outbox_pruned", endpoint=self.endpoint.id, deleted=pruned, died_disabled=expired or None)
 

@@ -350,3 +350,14 @@ def test_a_url_with_credentials_sends_basic_auth_and_never_shows_the_password(ma
     [endpoint] = endpoints(app.config.data)
     assert endpoint.shown_url.startswith("http://hooks:***@127.0.0.1:") and "pa%40ss" not in repr(endpoint)
     app.close()
+
+
+def test_retry_after_is_honoured_when_longer_than_the_schedule(make_config):
+    with Receiver(lambda n, body: Answer(429, b"slow down", headers={"retry-after": "3600"})) as receiver:
+        app = _one_event(make_config, receiver.url, retry={"schedule": ["1s"]})
+        _deliver_until(app, lambda rows: rows[0][3] is not None, "the 429 recorded")
+    with app.db.connection() as conn:
+        wait = conn.execute("SELECT extract(epoch FROM next_attempt_at - now()) FROM webhook_outbox").fetchone()[0]
+    assert 3000 < wait <= 3600  # the receiver's hour, not the schedule's second
+    assert outbox(app)[0][3] == "HTTP 429 Too Many Requests: slow down"
+    app.close()

@@ -1510,14 +1510,13 @@ WITH expired AS (
        AND EXISTS (SELECT FROM webhook_endpoints d WHERE d.id = %(endpoint)s AND d.disabled_at IS NOT NULL)
     RETURNING id
 ), old AS (
+    -- SKIP LOCKED: several nodes prune the same endpoint without waiting on each other.
     SELECT id FROM webhook_outbox
-     WHERE endpoint = %(endpoint)s AND status = 'delivered'
-       AND done_at < now() - make_interval(secs => %(keep_delivered)s)
-    UNION ALL
-    SELECT id FROM webhook_outbox
-     WHERE endpoint = %(endpoint)s AND status = 'dead'
-       AND done_at < now() - make_interval(secs => %(keep_dead)s)
-    LIMIT %(limit)s
+     WHERE endpoint = %(endpoint)s AND status <> 'pending'
+       AND ((status = 'delivered' AND done_at < now() - make_interval(secs => %(keep_delivered)s))
+            OR (status = 'dead' AND done_at < now() - make_interval(secs => %(keep_dead)s)))
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM webhook_outbox o USING old WHERE o.id = old.id RETURNING o.id
 )
