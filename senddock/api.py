@@ -41,6 +41,8 @@ from senddock.outcome import (
     Recipient,
     SendResult,
 )
+from senddock.webhooks import admin as webhook_admin
+from senddock.webhooks.settings import subscriptions
 
 # Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
 # methods that use them: a status query or a list must not load them (see bench/cli_latency.py).
@@ -263,7 +265,7 @@ class Senddock:
     def pause_campaign(self, campaign_id: int) -> None:
         """Stop claiming its jobs (every node, within a send); in-flight sends finish."""
         with self._conn() as conn:
-            campaign_control.pause_campaign(conn, campaign_id)
+            campaign_control.pause_campaign(conn, campaign_id, webhooks=subscriptions(self.config.data))
 
     def cancel_campaign(self, campaign_id: int) -> int:
         """Fail its unsent jobs as cancelled; returns how many."""
@@ -410,12 +412,27 @@ class Senddock:
         with self._conn() as conn:
             return nodes.list_nodes(conn, self.config.recovery.lease)
 
+    # -- webhooks --------------------------------------------------------------------------------
+
+    def webhooks(self) -> dict[str, Any]:
+        """Each endpoint with its events by status and its state, and the events failing lately."""
+        with self._conn() as conn:
+            return webhook_admin.status(conn, self.config.data)
+
+    def replay_webhooks(self, *, event: str | None = None, since: datetime | None = None) -> list[dict[str, Any]]:
+        with self._conn() as conn:
+            return webhook_admin.replay(conn, event=event, since=since)
+
+    def enable_webhook(self, which: str) -> str:
+        with self._conn() as conn:
+            return webhook_admin.enable(conn, self.config.data, which)
+
     # -- subscribers -----------------------------------------------------------------------------
 
     def unsubscribe(self, email: str) -> str:
         """Unsubscribe and suppress; returns the status now (a blocklisted subscriber stays so)."""
         with self._conn() as conn:
-            return subscribers.set_status(conn, email, "unsubscribed")
+            return subscribers.set_status(conn, email, "unsubscribed", webhooks=subscriptions(self.config.data))
 
     def blocklist(self, email: str) -> str:
         with self._conn() as conn:

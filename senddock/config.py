@@ -29,6 +29,7 @@ from senddock.pacing.limits import PacingSettings, pacing_problems, pacing_setti
 from senddock.redact import MASK, is_secret_key, redact
 from senddock.retry import RetrySettings, retry_settings
 from senddock.sizes import is_size, parse_size
+from senddock.webhooks.settings import webhook_problems
 
 ENV_CONFIG = "SENDDOCK_CONFIG"
 ENV_DATABASE_URL = "SENDDOCK_DATABASE_URL"
@@ -488,6 +489,10 @@ def _bad_references(parts: tuple, value: str) -> Iterator[tuple[str, str]]:
 def _fill_defaults(schema: Mapping[str, Any], instance: Any, root: Mapping[str, Any]) -> None:
     if "$ref" in schema:
         schema = root["$defs"][schema["$ref"].rsplit("/", 1)[-1]]
+    if isinstance(instance, list) and "items" in schema:  # a list of mappings: webhooks
+        for item in instance:
+            _fill_defaults(schema["items"], item, root)
+        return
     if not isinstance(instance, dict):
         return
     for key, sub in schema.get("properties", {}).items():
@@ -541,6 +546,7 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
         if parse_duration(serve[key]) <= 0:
             yield f"$.serve.{key}", "must be longer than 0s"
     yield from _admin_problems(serve["admin"])
+    yield from webhook_problems(data)
 
 
 def _admin_problems(admin: Mapping[str, Any] | None) -> Iterator[tuple[str, str]]:

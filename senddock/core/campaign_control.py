@@ -15,6 +15,8 @@ from senddock.core.campaigns import OPERATOR_PAUSE, get_campaign
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState
 from senddock.pacing.rates import campaign_rate_view
+from senddock.webhooks import outbox
+from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
 from senddock.wording import is_status
 
 # Failure reasons about the address itself: requeueing them would mail someone who must not be.
@@ -56,10 +58,16 @@ def campaign_events(conn: psycopg.Connection, campaign_id: int, limit: int = 20)
         return cur.execute(query("campaign_events"), {"campaign_id": campaign_id, "limit": limit}).fetchall()
 
 
-def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = OPERATOR_PAUSE) -> None:
+def pause_campaign(conn: psycopg.Connection, campaign_id: int, reason: str = OPERATOR_PAUSE, *,
+                   webhooks: Subscriptions = NO_WEBHOOKS) -> None:
     """No more of its jobs are claimed (every node checks before each send); in-flight sends finish."""
     params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": False, "probe_in": 0}
-    if conn.execute(query("campaign_pause"), params).fetchone() is None:
+    with conn.transaction():
+        paused = conn.execute(query("campaign_pause"), params).fetchone() is not None
+        if paused:
+            outbox.emit(conn, webhooks, [outbox.event("campaign_paused", campaign_id=campaign_id, reason=reason,
+                                                      auto_resume=False)])
+    if not paused:
         status = get_campaign(conn, campaign_id).status
         raise InvalidState(f"campaign {campaign_id} {is_status(status)}: only a sending or scheduled campaign can be paused")
 

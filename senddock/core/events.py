@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.queries import query
+from senddock.core.queue import bounce_check
 from senddock.durations import parse_duration
 from senddock.mail.mime import comparable_address
 from senddock.outcome import (
@@ -32,6 +33,8 @@ from senddock.outcome import (
     ProviderEvent,
     SuppressionList,
 )
+from senddock.webhooks import outbox
+from senddock.webhooks.settings import subscriptions
 
 log = structlog.get_logger(__name__)
 
@@ -55,10 +58,14 @@ def apply_events(
     """Record the events of one notification; raises UnknownMessage (recording none of them) when
     one of them matches no job."""
     applied = Applied()
+    webhooks = subscriptions(config.data)
     with db.connection() as conn, conn.transaction():
         jobs = [_job_for(conn, event) for event in events]
         events = [_soft_policy(conn, config, event, job) for event, job in zip(events, jobs)]
         rows = [_record(conn, event, job) for event, job in zip(events, jobs)]
+        # Once per event: a notification that arrives again announces nothing new.
+        outbox.emit(conn, webhooks, [announced for event, job, row in zip(events, jobs, rows)
+                                     if row["new"] and (announced := _webhook_event(event, job)) is not None])
     for event, job, row in zip(events, jobs, rows):
         if row["new"] and event.kind == "bounce" and event.bounce_type == "Permanent":
             _bounce_rate_breaker(db, config, job)
@@ -83,14 +90,24 @@ def _bounce_rate_breaker(db: Database, config: Config, job: dict[str, Any]) -> N
     """A hard bounce after the send counts in its campaign's bounce rate as one at the send does:
     a campaign still sending pauses when they pile up (its bounces by mail are real: they stay)."""
     breaker = config.breaker
-    params = {"campaign_id": job["campaign_id"], "broadcast_id": job["broadcast_id"], "rate": breaker.bounce_rate,
-              "window": breaker.bounce_window, "early_bounces": breaker.early_bounces,
-              "early_window": breaker.early_window}
     with db.connection() as conn:
-        tripped, _ = conn.execute(query("campaign_bounce_check"), params).fetchone()
+        tripped, _ = bounce_check(conn, subscriptions(config.data), job["campaign_id"], job["broadcast_id"], breaker)
     if tripped:
         log.warning("campaign_paused", campaign_id=job["campaign_id"], reason="bounce_rate",
                     resumes="by `campaign resume` once the bounces are understood")
+
+
+def _webhook_event(event: ProviderEvent, job: dict[str, Any]) -> dict[str, Any] | None:
+    """A complaint, or a bounce that suppresses (hard, or soft at bounces.soft.limit): what a
+    receiver acts on. A soft bounce that changes nothing is recorded, not announced."""
+    if event.kind not in ("bounce", "complaint") or (event.kind == "bounce" and not event.suppresses):
+        return None
+    ids = {"campaign_id": job["campaign_id"], "broadcast_id": job["broadcast_id"], "job_id": job["id"],
+           "email": job["email"], "source": "mail" if event.event_key.startswith("mail:") else "notification"}
+    if event.kind == "complaint":
+        return outbox.event("complained", **ids, feedback_type=event.sub_type, diagnostic=event.diagnostic[:500])
+    return outbox.event("bounced", **ids, bounce_type="hard" if event.bounce_type == "Permanent" else "soft",
+                        code=None, enhanced_code=event.sub_type, diagnostic=event.diagnostic[:500])
 
 
 def _job_for(conn: psycopg.Connection, event: ProviderEvent) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from psycopg.rows import class_row, dict_row
 from senddock.config import BreakerSettings
 from senddock.core.nodes import LOCK_CLASS, NodeIdentity
 from senddock.core.queries import query
+from senddock.webhooks import outbox
+from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
 
 # pg_advisory_xact_lock(class, key) class of a domain group's concurrency room (0x5E4D: node locks).
 CONCURRENCY_LOCK_CLASS = 0x5E4F
@@ -92,10 +94,13 @@ class RecoveredJob:
 class Queue:
     """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
 
-    def __init__(self, conn: psycopg.Connection, node: NodeIdentity, *, result_commit: str = "async") -> None:
+    def __init__(self, conn: psycopg.Connection, node: NodeIdentity, *, result_commit: str = "async",
+                 webhooks: Subscriptions = NO_WEBHOOKS) -> None:
         self.conn = conn
         self.node = node
         self._synchronous_commit = "off" if result_commit == "async" else "on"
+        # The events webhooks subscribed to are written in the transaction of their facts.
+        self.webhooks = webhooks
 
     def claim(self, limit: int, token: uuid.UUID | None = None, *, begun: bool | None = None) -> list[ClaimedJob]:
         """Claim up to ``limit`` due jobs under one token, committed synchronously.
@@ -155,6 +160,17 @@ class Queue:
             "node_id": self.node.id,
             "synchronous_commit": "on" if synchronous else self._synchronous_commit,
         }
+        if not self.webhooks.active:  # no webhooks: the one statement as ever, nothing more
+            return self._recorded(params)
+        # The statement's synchronous_commit setting holds for the transaction it is in.
+        # Pipelined: BEGIN goes with the results' statement, the events' INSERT with COMMIT (two
+        # round trips, not four).
+        with self.conn.pipeline(), self.conn.transaction():
+            recorded = self._recorded(params)
+            outbox.emit(self.conn, self.webhooks, result_events(rows, recorded))
+        return recorded
+
+    def _recorded(self, params: dict[str, Any]) -> dict[int, Recorded]:
         return {job_id: Recorded(recorded, late_sent, paused_now)
                 for job_id, recorded, late_sent, paused_now, _ in self.conn.execute(query("jobs_record_results"), params)}
 
@@ -235,14 +251,16 @@ class Queue:
 
     def pause_campaign(self, campaign_id: int, reason: str, *, auto_resume: bool = False, probe_in: float = 0.0) -> bool:
         params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": auto_resume, "probe_in": probe_in}
-        return self.conn.execute(query("campaign_pause"), params).fetchone() is not None
+        with self.conn.transaction():
+            paused = self.conn.execute(query("campaign_pause"), params).fetchone() is not None
+            if paused:
+                outbox.emit(self.conn, self.webhooks, [outbox.event(
+                    "campaign_paused", campaign_id=campaign_id, reason=reason, auto_resume=auto_resume)])
+        return paused
 
     def bounce_check(self, campaign_id: int, broadcast_id: int, breaker: BreakerSettings) -> tuple[bool, bool]:
         """The bounce-rate breaker after a bounce: (tripped now, the campaign's bounces are held)."""
-        params = {"campaign_id": campaign_id, "broadcast_id": broadcast_id, "rate": breaker.bounce_rate,
-                  "window": breaker.bounce_window, "early_bounces": breaker.early_bounces,
-                  "early_window": breaker.early_window}
-        return self.conn.execute(query("campaign_bounce_check"), params).fetchone()
+        return bounce_check(self.conn, self.webhooks, campaign_id, broadcast_id, breaker)
 
     def probe_due(self, interval: float, max_interval: float) -> tuple[int, int, str] | None:
         """A campaign paused for relay trouble whose probe is due: (id, probes so far, reason)."""
@@ -264,6 +282,8 @@ class Queue:
             finished = self.conn.execute(query("campaigns_finish"), {"broadcast_id": broadcast_id}).fetchall()
             if finished:
                 self.conn.execute(query("broadcasts_finished_mark"), {"broadcast_ids": [b for _, b in finished]})
+                outbox.emit(self.conn, self.webhooks, [
+                    outbox.event("campaign_finished", campaign_id=c, broadcast_id=b) for c, b in finished])
         return finished
 
     def start_scheduled(self) -> list[tuple[int, int]]:
@@ -284,6 +304,10 @@ class Queue:
     def due_work_exists(self) -> bool:
         return self.conn.execute(query("due_work_exists")).fetchone()[0]
 
+    def webhooks_due(self, endpoints: Sequence[str]) -> bool:
+        """Webhook events of these endpoints due now (delivered by the node before it goes idle)."""
+        return self.conn.execute(query("webhook_due_exists"), {"endpoints": list(endpoints)}).fetchone()[0]
+
     def pending_bounces(self, lease: float) -> list[dict[str, Any]]:
         with self.conn.cursor(row_factory=dict_row) as cur:
             return cur.execute(query("bounces_pending"), {"node_id": self.node.id, "lease": lease}).fetchall()
@@ -300,3 +324,37 @@ class Queue:
     def campaign_content(self, campaign_id: int) -> dict[str, Any] | None:
         with self.conn.cursor(row_factory=dict_row) as cur:
             return cur.execute(query("campaign_content"), {"campaign_id": campaign_id}).fetchone()
+
+
+def result_events(rows: Sequence[ResultRow], recorded: dict[int, Recorded]) -> list[dict[str, Any]]:
+    """The webhook events a group of results makes: each message sent (a delivery under a lost
+    claim too: it went out), each bounce at the send, each campaign a pause outcome paused."""
+    events = []
+    for row in rows:
+        done, job, result = recorded[row.job.id], row.job, row.result
+        ids = {"campaign_id": job.campaign_id, "broadcast_id": job.broadcast_id, "job_id": job.id, "email": job.email}
+        if (done.recorded and result.status == "sent") or done.late_sent:
+            events.append(outbox.event("sent", **ids, attempt=row.attempt,
+                                       provider_message_id=result.provider_message_id))
+        elif done.recorded and result.outcome == "bounce":
+            events.append(outbox.event("bounced", **ids, bounce_type="hard", source="send", code=result.code,
+                                       enhanced_code=result.enhanced_code, diagnostic=result.last_result[:500]))
+        if done.paused_now:
+            events.append(outbox.event("campaign_paused", campaign_id=job.campaign_id, reason=row.pause_reason,
+                                       auto_resume=False))
+    return events
+
+
+def bounce_check(conn: psycopg.Connection, webhooks: Subscriptions, campaign_id: int, broadcast_id: int,
+                 breaker: BreakerSettings) -> tuple[bool, bool]:
+    """The bounce-rate breaker after a bounce, at the send or later (see Queue.bounce_check); a
+    trip writes its campaign_paused event in the same transaction."""
+    params = {"campaign_id": campaign_id, "broadcast_id": broadcast_id, "rate": breaker.bounce_rate,
+              "window": breaker.bounce_window, "early_bounces": breaker.early_bounces,
+              "early_window": breaker.early_window}
+    with conn.transaction():
+        tripped, holding = conn.execute(query("campaign_bounce_check"), params).fetchone()
+        if tripped:
+            outbox.emit(conn, webhooks, [outbox.event("campaign_paused", campaign_id=campaign_id,
+                                                      reason="bounce_rate", auto_resume=False)])
+    return tripped, holding

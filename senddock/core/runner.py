@@ -40,6 +40,8 @@ from senddock.mail.compose import Composer
 from senddock.observe.health_server import HealthServer
 from senddock.observe.node_metrics import NodeMetrics
 from senddock.outcome import Bounce, BounceKind, BounceSource, JobRef
+from senddock.webhooks.deliverer import Webhooks
+from senddock.webhooks.settings import endpoints, subscriptions
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +81,11 @@ class Runner:
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
         self.stats = RunStats()
+        self.webhooks = subscriptions(config.data)
         self.metrics = NodeMetrics()
+        # Delivered by every node from the shared outbox; no thread at all without webhooks.
+        self.deliverers = Webhooks(endpoints(config.data), self.db, poll_interval=config.poll_interval,
+                                   metrics=self.metrics)
         self.metrics.count_in_flight(lambda: self.slots.in_use)
         self._health: HealthServer | None = None
         self._tallies_folded_at = float("-inf")
@@ -101,7 +107,7 @@ class Runner:
         return self.held_claims.tokens()
 
     def queue(self, conn: psycopg.Connection) -> Queue:
-        return Queue(conn, self.node, result_commit=self.config.database.result_commit)
+        return Queue(conn, self.node, result_commit=self.config.database.result_commit, webhooks=self.webhooks)
 
     # -- shared by the parts of the node -------------------------------------------------------
 
@@ -248,6 +254,7 @@ class Runner:
         self.senders.start()
         self.claimer.start()
         self.prober.start()
+        self.deliverers.start()
 
     @contextmanager
     def _pooled_queue(self) -> Iterator[Queue]:
@@ -264,12 +271,17 @@ class Runner:
             return False
         try:
             with self.db.connection() as conn:
-                return not self.queue(conn).due_work_exists() and not self._busy()
+                queue = self.queue(conn)
+                # Events due now are part of the drain; those waiting for a retry are not.
+                if self.deliverers.endpoint_ids and queue.webhooks_due(self.deliverers.endpoint_ids):
+                    return False
+                return not queue.due_work_exists() and not self._busy()
         except psycopg.OperationalError:
             return False
 
     def _shutdown(self) -> None:
         self.request_stop()
+        self.deliverers.stop()  # events not delivered yet stay in the outbox for any node
         deadline = time.monotonic() + self.config.shutdown_timeout
         if self.claimer is not None:
             self.claimer.join(max(0.0, deadline - time.monotonic()))
@@ -283,6 +295,7 @@ class Runner:
         self.aftercare.finish(max(5.0, deadline - time.monotonic()))
         if self.prober.is_alive():
             self.prober.join(max(1.0, deadline - time.monotonic()))
+        self.deliverers.join()
         self.lifeline.stop()
         self.lifeline.join(5)
         if self._health is not None:

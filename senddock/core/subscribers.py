@@ -19,6 +19,8 @@ from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import InvalidInput, NotFound, UsageError
 from senddock.mail import headertext
 from senddock.mail.addresses import check_address
+from senddock.webhooks import outbox
+from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
 
 
 @dataclass(frozen=True)
@@ -204,20 +206,31 @@ def _read_rows(lines: Iterator[str], label: str) -> Iterator[Any]:
         raise InvalidInput(f"{label}:{reader.line_num}: {exc}") from None
 
 
-def unsubscribe(conn: psycopg.Connection, subscriber_id: int, campaign_id: int) -> str | None:
-    """Unsubscribe and suppress; the subscriber's address, or None when there is no such subscriber."""
-    row = conn.execute(query("subscriber_unsubscribe"), {"subscriber_id": subscriber_id, "campaign_id": campaign_id}).fetchone()
+def unsubscribe(conn: psycopg.Connection, subscriber_id: int, campaign_id: int, *,
+                webhooks: Subscriptions = NO_WEBHOOKS) -> str | None:
+    """Unsubscribe and suppress (a link's click); the subscriber's address, or None when there is
+    no such subscriber. The first click, not its repeats, writes the unsubscribed webhook event."""
+    with conn.transaction():
+        row = conn.execute(query("subscriber_unsubscribe"),
+                           {"subscriber_id": subscriber_id, "campaign_id": campaign_id}).fetchone()
+        if row and row[2]:
+            outbox.emit(conn, webhooks, [outbox.event("unsubscribed", email=row[0], subscriber_id=subscriber_id,
+                                                      campaign_id=campaign_id, source="link")])
     return row[0] if row else None
 
 
-def set_status(conn: psycopg.Connection, email: str, status: str) -> str:
+def set_status(conn: psycopg.Connection, email: str, status: str, *, webhooks: Subscriptions = NO_WEBHOOKS) -> str:
     """``unsubscribed`` or ``blocklisted``, the address suppressed with it; returns the status the
     subscriber has now (a blocklisted subscriber stays blocklisted when unsubscribed)."""
     reason = {"unsubscribed": "unsubscribed", "blocklisted": "manual"}[status]
-    row = conn.execute(query("subscriber_set_status"), {
-        "email": email, "status": status, "reason": reason, "diagnostic": f"{status} by the operator"}).fetchone()
-    if row is None:
-        raise NotFound(f"no subscriber {email}")
+    with conn.transaction():
+        row = conn.execute(query("subscriber_set_status"), {
+            "email": email, "status": status, "reason": reason, "diagnostic": f"{status} by the operator"}).fetchone()
+        if row is None:
+            raise NotFound(f"no subscriber {email}")
+        if status == "unsubscribed" and row[3] == "active":
+            outbox.emit(conn, webhooks, [outbox.event("unsubscribed", email=row[1], subscriber_id=row[0],
+                                                      campaign_id=None, source="operator")])
     return row[2]
 
 

@@ -33,6 +33,9 @@ class NodeMetrics:
                                registry=self.registry)
         self.in_doubt = Counter("senddock_in_doubt", "Jobs this node's recovery found in doubt (they may "
                                 "have gone out twice).", registry=self.registry)
+        self.webhook_events = Counter("senddock_webhook_events", "Webhook events this node POSTed, by endpoint id "
+                                      "and outcome (delivered, failed: to be retried, dead).", ["endpoint", "outcome"],
+                                      registry=self.registry)
         self.info = Gauge("senddock_node_info", "This node: its name and senddock's version (always 1).",
                           ["node", "version"], registry=self.registry)
 

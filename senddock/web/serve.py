@@ -48,6 +48,7 @@ from senddock.web.dashboard.routes import dashboard_routes
 from senddock.web.http_limits import BodyLimit, HttpLimits
 from senddock.web.metrics_endpoint import metrics_endpoint
 from senddock.web.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
+from senddock.webhooks.settings import Subscriptions, subscriptions
 
 log = structlog.get_logger(__name__)
 
@@ -109,7 +110,7 @@ def create_app(config: Config, db: Database) -> Starlette:
         form = await request.form(max_files=0, max_fields=10, max_part_size=1024)
         if form.get(ONE_CLICK_FIELD) != ONE_CLICK_VALUE:
             return _page("Bad request", f"<p>Expected {ONE_CLICK_FIELD}={ONE_CLICK_VALUE} (RFC 8058).</p>", 400)
-        email = await run_in_threadpool(_unsubscribe, db, token)
+        email = await run_in_threadpool(_unsubscribe, db, token, subscriptions(config.data))
         if email is None:
             return _page("Unknown subscriber", "<p>No such subscriber. Nothing was changed.</p>", 404)
         log.info("unsubscribed", subscriber_id=token.subscriber_id, campaign_id=token.campaign_id)
@@ -194,9 +195,9 @@ def create_app(config: Config, db: Database) -> Starlette:
     )
 
 
-def _unsubscribe(db: Database, token: UnsubscribeToken) -> str | None:
+def _unsubscribe(db: Database, token: UnsubscribeToken, webhooks: Subscriptions) -> str | None:
     with db.connection() as conn:
-        return subscribers.unsubscribe(conn, token.subscriber_id, token.campaign_id)
+        return subscribers.unsubscribe(conn, token.subscriber_id, token.campaign_id, webhooks=webhooks)
 
 
 def _confirm(url: str) -> None:
