@@ -1,20 +1,17 @@
 """GET a small document over HTTP(S) within a bound on the whole time and on its size.
 
-urllib's ``timeout`` bounds each socket operation, not the fetch: a server sending one byte a
-second, in its headers or its body, keeps ``urlopen(url, timeout=5).read()`` going for as long as
-it likes, and ``read()`` takes whatever size it is sent. Here a watchdog shuts the socket down at
-the deadline, which wakes the read blocked on it, and the body is read up to one byte past the
-limit. Name resolution is not covered by the watchdog (there is no socket yet); the resolver's
-own timeouts bound it.
+urllib's ``timeout`` bounds each socket operation, not the fetch, and ``read()`` takes whatever
+size it is sent. Here the whole exchange has a deadline (senddock.http_deadline) and the body is
+read up to one byte past the limit.
 """
 
 from __future__ import annotations
 
 import http.client
-import socket
 import ssl
-import threading
 from urllib.parse import urlparse
+
+from senddock.http_deadline import ExchangeDeadline
 
 
 class FetchError(Exception):
@@ -32,28 +29,15 @@ def fetch_small(url: str, *, timeout: float, max_size: int, ssl_context: ssl.SSL
             parsed.hostname, parsed.port, timeout=timeout, context=ssl_context or ssl.create_default_context())
     else:
         conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=timeout)
-    expired = threading.Event()
-    # The connection's socket, kept here: http.client drops conn.sock once a response says it will
-    # close, while the response goes on reading from it.
-    connected: list[socket.socket] = []
+    with ExchangeDeadline(conn, timeout) as deadline:
+        return _get(conn, parsed, deadline, timeout=timeout, max_size=max_size)
 
-    def expire() -> None:
-        expired.set()
-        # conn.sock too: during a TLS handshake it is the plain socket the handshake reads from.
-        for sock in {*connected, conn.sock} - {None}:
-            try:
-                # The plain socket's shutdown, also under TLS: SSLSocket.shutdown would drop the
-                # SSL object under the thread that is reading with it.
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            except OSError:
-                pass
 
-    watchdog = threading.Timer(timeout, expire)
-    watchdog.daemon = True
-    watchdog.start()
+def _get(conn: http.client.HTTPConnection, parsed, deadline: ExchangeDeadline, *, timeout: float,
+         max_size: int) -> bytes:
+    expired = deadline.expired
     try:
-        conn.connect()
-        connected.append(conn.sock)
+        deadline.connect()
         if expired.is_set():  # the deadline passed while connecting
             raise FetchError(f"took longer than {timeout:g}s")
         conn.request("GET", (parsed.path or "/") + (f"?{parsed.query}" if parsed.query else ""),
@@ -75,5 +59,4 @@ def fetch_small(url: str, *, timeout: float, max_size: int, ssl_context: ssl.SSL
             raise FetchError(f"took longer than {timeout:g}s") from None
         raise FetchError(str(exc) or type(exc).__name__) from None
     finally:
-        watchdog.cancel()
         conn.close()

@@ -4,7 +4,7 @@ few KiB at most: whatever the receiver does, a delivery ends within its timeout.
 The stdlib's http.client, not urllib or httpx: it follows no redirect by itself, lets the reply's
 body be read for a capped number of bytes, and needs nothing installed; the one thing it lacks, a
 deadline on the whole exchange (its timeout is per socket operation, so a receiver dribbling a
-byte a second would hold it for ever), is a timer that shuts the socket.
+byte a second would hold it for ever), is a timer that shuts the socket (senddock.http_deadline, shared with the SNS certificate fetch).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import base64
 import http.client
 import socket
 import ssl
-import threading
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from senddock.http_deadline import ExchangeDeadline
 from senddock.webhooks.settings import shown_url
 
 # The reply's body is kept for the last error only: a receiver's 50 MB answer is never read.
@@ -52,21 +52,15 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Repl
             parts.hostname, parts.port, timeout=timeout, context=_tls())
     else:
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-    expired = threading.Event()
+    with ExchangeDeadline(conn, timeout) as deadline:
+        return _exchange(url, conn, deadline, path, body, headers, timeout)
 
-    def cut() -> None:
-        expired.set()
-        sock = conn.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
-    timer = threading.Timer(timeout, cut)
-    timer.daemon = True
-    timer.start()
+def _exchange(url: str, conn: http.client.HTTPConnection, deadline: ExchangeDeadline, path: str, body: bytes,
+              headers: dict[str, str], timeout: float) -> Reply:
+    expired = deadline.expired
     try:
+        deadline.connect()
         conn.request("POST", path, body=body, headers={"content-type": "application/json",
                                                        "user-agent": "senddock-webhooks", **headers})
         response = conn.getresponse()
@@ -86,7 +80,6 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float) -> Repl
             return Reply(None, f"timed out after {timeout:g}s")
         return Reply(None, _os_error(exc))
     finally:
-        timer.cancel()
         conn.close()
 
 
