@@ -95,6 +95,19 @@ def test_campaign_log_and_nodes(cli, config_file, tmp_path, smtp_sink, database_
     assert doubt["in_doubt"] == ["p2@example.com"]
     assert cli("campaign", "log", str(campaign), "--in-doubt", "-c", config_file).stdout.strip() == "p2@example.com"
 
+    # A job in flight at two crashes (in doubt twice) that failed in the end, as crashed_repeatedly
+    # does, may have gone out twice all the same; in doubt once and failed, at most once.
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute("UPDATE broadcast_jobs SET status = 'failed', failure_reason = 'crashed_repeatedly' "
+                     "WHERE email IN ('p0@example.com', 'p1@example.com')")
+        for email, times in (("p0@example.com", 2), ("p1@example.com", 1)):
+            for attempt in range(times):
+                conn.execute("INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, outcome, in_doubt, message) "
+                             "SELECT id, broadcast_id, %s, 'in_doubt', true, 'in doubt: its node died while sending' "
+                             "FROM broadcast_jobs WHERE email = %s", (attempt + 2, email))
+    doubt = cli("campaign", "log", str(campaign), "--in-doubt", "-c", config_file, "--json").json
+    assert doubt["in_doubt"] == ["p0@example.com", "p2@example.com"]
+
     listed = cli("nodes", "-c", config_file, "--json").json["nodes"]
     assert len(listed) == 1 and listed[0]["stopped_at"] is not None and listed[0]["in_flight"] == 0
     assert "stopped" in cli("nodes", "-c", config_file).stdout

@@ -1462,7 +1462,9 @@ SELECT s.id, s.email, s.name, s.status, s.attributes, s.created_at,
 
 -- name: delivery_log
 -- Every attempt of a campaign's broadcast; --in-doubt keeps the recipients who may have got two
--- copies (an attempt recorded as in doubt, and the job sent in the end). %(limit)s NULL: all of them
+-- copies: an attempt recorded as in doubt, and the job sent in the end or in doubt once more (a
+-- job in flight at several crashes may have gone out at each, then failed as crashed_repeatedly).
+-- %(limit)s NULL: all of them
 -- (the CLI); the dashboard shows the first few hundred.
 SELECT a.finished_at AS at, j.email, a.attempt, a.node, a.outcome, a.in_doubt, a.phase, a.smtp_code AS code,
        a.enhanced_code, a.message, a.provider_message_id, a.claim_lost, a.job_id
@@ -1471,7 +1473,9 @@ SELECT a.finished_at AS at, j.email, a.attempt, a.node, a.outcome, a.in_doubt, a
  WHERE a.broadcast_id = %(broadcast_id)s
    AND (%(email)s::text IS NULL OR lower(j.email) = lower(%(email)s))
    AND (%(outcome)s::text IS NULL OR a.outcome = %(outcome)s)
-   AND (NOT %(in_doubt)s OR (a.in_doubt AND j.status = 'sent'))
+   AND (NOT %(in_doubt)s OR (a.in_doubt AND (j.status = 'sent'
+                                              OR EXISTS (SELECT FROM delivery_attempts x
+                                                          WHERE x.job_id = a.job_id AND x.in_doubt AND x.id <> a.id))))
  ORDER BY a.finished_at, a.id
  LIMIT %(limit)s;
 
