@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 import standardwebhooks
+import trustme
 
 from senddock.api import Senddock
 from senddock.testing import drain, fast_settings
@@ -165,7 +166,6 @@ def test_a_redirect_is_not_followed(make_config):
 
 
 def test_a_tls_failure_is_a_clear_error(make_config):
-    trustme = pytest.importorskip("trustme")
     ca = trustme.CA()  # a CA the client has never heard of
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(server_context)
