@@ -227,16 +227,22 @@ def engine_settings(concurrency: int, claim_batch: int | None = None) -> dict[st
     return settings
 
 
-def node_settings(smtp_port: int, *, workers: int, breaker: int) -> dict[str, Any]:
+def node_settings(smtp_port: int, *, workers: int, breaker: int, kills: int) -> dict[str, Any]:
     """Fast timings (as in senddock.testing.fast_settings) and retries generous enough that a
     relay outage of a few seconds cannot exhaust them: a job failing for that would be a loss the
-    harness caused, not the engine."""
+    harness caused, not the engine.
+
+    For the same reason ``max_rescues`` is above the number of kills. The poison guard fails a job
+    in doubt at more than ``max_rescues`` deaths; at the suite's density (a kill per few hundred
+    sends, ``concurrency`` in doubt at each) innocent jobs reach that by chance (docs/engine.md,
+    "Repeated crashes"), and the suite measures recovery, not the guard
+    (test_crash.py tests the guard)."""
     return {
         "smtp": {"host": "127.0.0.1", "port": smtp_port, "timeout": "5s", "security": "none"},
         "transport": {"name": "smtp", "max_consecutive_failures": breaker},
         **engine_settings(workers, claim_batch=5),
         "retry": {"schedule": ["1s", "2s", "4s"], "max_retries": 30, "jitter": 0.1},
-        "recovery": {"heartbeat": "200ms", "lease": "3s"},
+        "recovery": {"heartbeat": "200ms", "lease": "3s", "max_rescues": kills + 1},
         "poll_interval": "100ms",
         "shutdown_timeout": "10s",
         "logging": {"level": "info", "format": "json"},

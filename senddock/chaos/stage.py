@@ -85,7 +85,7 @@ class Stage:
         self.relay.start()
         try:
             self.config_path = write_config(folder, node_settings(self.relay.port, workers=options.workers,
-                                                                  breaker=options.breaker))
+                                                                  breaker=options.breaker, kills=options.kills))
             self.emails = self._enqueue(options.recipients)
         except BaseException:
             self.close()
