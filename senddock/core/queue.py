@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -91,6 +92,24 @@ class RecoveredJob:
     dead_node: str | None
 
 
+def _result_fields(row: ResultRow) -> dict[str, Any]:
+    """One job's element of jobs_record_results' JSON parameter (names as its recordset declares)."""
+    result = row.result
+    return {
+        "job_id": row.job.id, "claim_token": str(row.job.claim_token), "broadcast_id": row.job.broadcast_id,
+        "campaign_id": row.job.campaign_id, "email": row.job.email, "attempt": row.attempt,
+        "status": result.status, "counts": int(result.counts), "deferred": int(result.deferred),
+        "delay": result.delay, "failure_reason": result.failure_reason,
+        # Servers' text goes into text columns: a NUL byte would make the whole commit fail.
+        "last_result": result.last_result[:2000].replace("\x00", ""),
+        "provider_message_id": result.provider_message_id,
+        "started_at": row.started_at.isoformat() if row.started_at is not None else None,
+        "outcome": result.outcome, "in_doubt": result.in_doubt, "ok": result.ok, "phase": result.phase,
+        "code": result.code, "enhanced_code": result.enhanced_code, "bounce": result.bounce,
+        "pause_reason": row.pause_reason if result.outcome == "pause" else None,
+    }
+
+
 class Queue:
     """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
 
@@ -131,31 +150,9 @@ class Queue:
         result_commit says). Returns what each job's result did, by job id."""
         if not rows:
             return {}
-        # Servers' text goes into text columns: a NUL byte would make the whole commit fail.
-        texts = [r.result.last_result[:2000].replace("\x00", "") for r in rows]
         params = {
-            "job_ids": [r.job.id for r in rows],
-            "claim_tokens": [r.job.claim_token for r in rows],
-            "broadcast_ids": [r.job.broadcast_id for r in rows],
-            "campaign_ids": [r.job.campaign_id for r in rows],
-            "emails": [r.job.email for r in rows],
-            "attempts": [r.attempt for r in rows],
-            "statuses": [r.result.status for r in rows],
-            "counts": [int(r.result.counts) for r in rows],
-            "deferred": [int(r.result.deferred) for r in rows],
-            "delays": [r.result.delay for r in rows],
-            "failure_reasons": [r.result.failure_reason for r in rows],
-            "last_results": texts,
-            "provider_message_ids": [r.result.provider_message_id for r in rows],
-            "started_ats": [r.started_at for r in rows],
-            "outcomes": [r.result.outcome for r in rows],
-            "in_doubts": [r.result.in_doubt for r in rows],
-            "oks": [r.result.ok for r in rows],
-            "phases": [r.result.phase for r in rows],
-            "codes": [r.result.code for r in rows],
-            "enhanced_codes": [r.result.enhanced_code for r in rows],
-            "bounces": [r.result.bounce for r in rows],
-            "pause_reasons": [r.pause_reason if r.result.outcome == "pause" else None for r in rows],
+            "results": json.dumps([_result_fields(r) for r in rows]),
+            "count": len(rows),
             "node": self.node.name,
             "node_id": self.node.id,
             "synchronous_commit": "on" if synchronous else self._synchronous_commit,
