@@ -4,7 +4,10 @@ Senders hand each result over and go on to their next send; the completer collec
 while its last commit ran and commits it all at once (River's batch completer and pgqueuer's
 buffered acknowledgements are the models). A send's slot is given back only once its result has
 committed, so the jobs in doubt after a kill -9 (begun, not recorded) are never more than the
-node's `concurrency`.
+node's `concurrency`. The same statement marks begun as many jobs of the deck (claimed ahead) as
+the group frees slots, and those go to the senders in the freed slots: a slot is refilled without
+a claim on its way. Only after a group of clean sends: a failure may trip a breaker, which must
+pause its campaign before anything else of it begins (the claimer begins the deck's jobs then).
 
 With ``database.result_commit: async`` a commit does not wait for the disk: its results stay
 *unsure* (a Postgres crash may lose them) until a later synchronous commit of this node (a claim,
@@ -27,7 +30,7 @@ import structlog
 from senddock.core.aftercare import Aftercare, Committed
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
-from senddock.core.inflight import HeldClaims, Slots
+from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.nodes import Lifeline
 from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
 from senddock.errors import error_line
@@ -56,6 +59,7 @@ class Completer(threading.Thread):
         queue_for_conn: Callable[[psycopg.Connection], Queue],
         *,
         slots: Slots,
+        deck: Deck,
         claims: HeldClaims,
         aftercare: Aftercare,
         lifeline: Lifeline,
@@ -63,11 +67,16 @@ class Completer(threading.Thread):
         finish_campaigns: Callable[[Queue, set[int]], None],
         queue_dry: Callable[[], bool],
         throttled: Callable[[Queue, list[ClaimedJob]], None] = lambda queue, jobs: None,
+        dispatch: Callable[[list[tuple[ClaimedJob, float]]], None] = lambda jobs: None,
+        may_refill: Callable[[], bool] = lambda: False,
     ) -> None:
         super().__init__(name="senddock-completer", daemon=True)
         self._db = db
         self._queue_for_conn = queue_for_conn
         self._slots = slots
+        self._deck = deck
+        self._dispatch = dispatch  # jobs of the deck marked begun: to the senders, in the freed slots
+        self._may_refill = may_refill  # not stopping, not self-fenced
         self._claims = claims
         self._aftercare = aftercare
         self._lifeline = lifeline
@@ -83,9 +92,11 @@ class Completer(threading.Thread):
         # (commit number, the server epoch it was committed in, the result)
         self._unsure: list[tuple[int, object, Committed]] = []
         self._failed: list[Done] = []  # a group whose commit's reply never came
+        self._failed_refill: list[ClaimedJob] = []  # the deck's jobs that commit was to mark begun
         self._touched: set[int] = set()  # broadcasts with results since campaigns were last finished
         self._epoch = None
         self.pending = 0  # results handed over and not committed yet (read by the idle check)
+        self.group_size = 0.0  # results per commit, smoothed (read by the claimer: is a deck worth it)
 
     # -- fed by the senders; told by the claimer -----------------------------------------------
 
@@ -185,17 +196,45 @@ class Completer(threading.Thread):
     def _commit(self, queue: Queue, group: list[Done]) -> None:
         back = [d.job for d in group if d.row is None]
         results = [d for d in group if d.row is not None]
-        self._failed = group
+        refill = self._refill(results)
+        self._failed, self._failed_refill = group, [job for job, _ in refill]
         if back:
             released = queue.release(back)
             log.info("jobs_put_back", jobs=released)
-        recorded = queue.record_results([d.row for d in results])
-        self._failed = []
-        self._done(group, recorded, self._async, queue)
+        commit = queue.commit_group([d.row for d in results], begin=self._failed_refill)
+        self._failed, self._failed_refill = [], []
+        self.group_size += 0.2 * (len(results) - self.group_size)
+        started = [(job, at) for job, at in refill if job.id in commit.begun]
+        if started:
+            self._dispatch(started)  # first: nothing below may strand a job marked begun
+        # A commit that marked jobs begun was synchronous: its results are durable.
+        self._done(group, commit.recorded, self._async and not refill, queue, kept=len(started))
+        # Until they are put back, a lost connection must not lose them (see _settle).
+        self._failed_refill = [job for job, _ in refill if job.id not in commit.begun]
+        self._put_back(self._failed_refill, queue)
+        self._failed_refill = []
 
-    def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue) -> None:
-        """A group committed: the failure breaker, then slots back, claims settled (or held while
-        unsure), aftercare fed."""
+    def _refill(self, results: list[Done]) -> list[tuple[ClaimedJob, float]]:
+        """The deck's jobs to begin in the slots this group frees: after clean sends only (a
+        failure may trip a breaker, which must pause first), never one with a campaign rate (the
+        claimer takes it through the gate)."""
+        if not results or any(d.row.result.outcome != "sent" for d in results) or not self._may_refill():
+            return []
+        return self._deck.take(len(results), ready=lambda job: job.send_rate is None)
+
+    def _put_back(self, jobs: list[ClaimedJob], queue: Queue) -> None:
+        """The deck's jobs a commit did not mark begun (their campaign stopped sending, or their
+        commit's fate is unknown: a release clears a mark that did commit)."""
+        if jobs:
+            released = queue.release(jobs)
+            log.info("jobs_put_back", jobs=released)
+            for job in jobs:
+                self._claims.settle(job.claim_token)
+
+    def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue,
+              kept: int = 0) -> None:
+        """A group committed: the failure breaker, then slots back (but the ``kept`` ones the
+        deck's jobs take over), claims settled (or held while unsure), aftercare fed."""
         held: set[int] = set()
         for done in group:
             if done.row is None:
@@ -211,8 +250,9 @@ class Completer(threading.Thread):
             self._flushes += 1
             seq = self._flushes
             self.pending -= len(group)
+        if len(group) > kept:
+            self._slots.give(len(group) - kept)
         for done in group:
-            self._slots.give()
             if done.row is None:
                 self._claims.settle(done.job.claim_token)
                 continue
@@ -231,15 +271,18 @@ class Completer(threading.Thread):
         """On a new connection: finish the group whose commit's reply never came. It stays the
         failed group until this succeeds: a connection lost again meanwhile must not lose it."""
         group = self._failed
-        if not group:
-            return
-        back = [d.job for d in group if d.row is None]
-        if back:
-            queue.release(back)
-        results = [d for d in group if d.row is not None]
-        recorded, _ = self._commit_missing(queue, [d.row for d in results])
-        self._failed = []
-        self._done(group, recorded, False, queue)
+        if group:
+            back = [d.job for d in group if d.row is None]
+            if back:
+                queue.release(back)
+            results = [d for d in group if d.row is not None]
+            recorded, _ = self._commit_missing(queue, [d.row for d in results])
+        # The deck's jobs of that commit (or unmarked by one whose put-back failed): their marks,
+        # if any committed, are cleared by the release.
+        self._put_back(self._failed_refill, queue)
+        self._failed, self._failed_refill = [], []
+        if group:
+            self._done(group, recorded, False, queue)
 
     def _server_lost_wal(self, queue: Queue, epoch) -> None:
         """A new server epoch (the lifeline saw it, or this completer reconnected into it): results

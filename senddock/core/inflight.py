@@ -1,17 +1,25 @@
-"""What a node has in flight: its send slots and the claims it holds.
+"""What a node has in flight: its send slots, the jobs claimed ahead (the deck) and the claims it holds.
 
 A *slot* is taken when a job is marked begun and given back once its result is committed (or the
 job is put back unstarted): the jobs that may be in doubt after a kill -9 are never more than the
-slots, `concurrency`. A *claim* (one claim statement's token) is held from before the claim commits
-until every one of its jobs is settled: its result durable, or the job put back. This node's
-orphan recovery leaves held claims alone.
+slots, `concurrency`. The *deck* holds jobs claimed ahead of a free slot and not marked begun: the
+completer marks some of them begun in the very commit that frees the slots they take, so a freed
+slot is refilled without a claim on its way, and a kill -9 puts them back as they were (never
+begun, never in doubt). A *claim* (one claim statement's token) is held from before the claim
+commits until every one of its jobs is settled: its result durable, or the job put back. This
+node's orphan recovery leaves held claims alone.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the queue's value type, for annotations only
+    from senddock.core.queue import ClaimedJob
 
 
 class Slots:
@@ -27,11 +35,17 @@ class Slots:
         with self._changed:
             return self._used
 
-    def wait_free(self, timeout: float) -> int:
-        """How many are free, waiting up to ``timeout`` seconds for at least one."""
+    def wait_free(self, timeout: float, or_else: Callable[[], bool] = lambda: False) -> int:
+        """How many are free, waiting up to ``timeout`` seconds for at least one (or for
+        ``or_else()``, checked whenever the slots or the deck change)."""
         with self._changed:
-            self._changed.wait_for(lambda: self._used < self.size, timeout)
+            self._changed.wait_for(lambda: self._used < self.size or or_else(), timeout)
             return self.size - self._used
+
+    def notify(self) -> None:
+        """Something a waiter's ``or_else`` reads has changed (the deck)."""
+        with self._changed:
+            self._changed.notify_all()
 
     def take(self, n: int) -> None:
         with self._changed:
@@ -47,6 +61,52 @@ class Slots:
     def wait_empty(self, timeout: float) -> bool:
         with self._changed:
             return self._changed.wait_for(lambda: self._used == 0, timeout)
+
+
+class Deck:
+    """Jobs claimed ahead of a free slot, not marked begun, in claim order: each with the monotonic
+    time its claim's reply arrived. Refilled by the claimer once it is down to half; taken from the
+    head by the completer (for the slots its commit frees) or by the claimer (a slot freed with
+    nothing to refill it)."""
+
+    def __init__(self, size: int, slots: Slots) -> None:
+        self.size = size  # 0: no deck (a pacing limit decides when each job may begin)
+        self._slots = slots  # woken when jobs are taken: the claimer waits there for room too
+        self._jobs: deque[tuple[ClaimedJob, float]] = deque()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._jobs)
+
+    def wants_more(self) -> bool:
+        """Down to half or less: worth a claim (claims of half a deck or more, not one per send)."""
+        with self._lock:
+            return self.size > 0 and len(self._jobs) <= self.size // 2
+
+    def room(self) -> int:
+        with self._lock:
+            return self.size - len(self._jobs)
+
+    def put(self, jobs: Iterable[tuple[ClaimedJob, float]], *, front: bool = False) -> None:
+        with self._lock:
+            if front:
+                self._jobs.extendleft(reversed(list(jobs)))
+            else:
+                self._jobs.extend(jobs)
+        self._slots.notify()
+
+    def take(self, n: int, ready: Callable[[ClaimedJob], bool] = lambda job: True) -> list[tuple[ClaimedJob, float]]:
+        """Up to ``n`` jobs from the head, stopping at the first that is not ``ready``: the order of
+        the claim is kept (a job that must pass a limit waits for the claimer, and the jobs
+        behind it for that)."""
+        taken = []
+        with self._lock:
+            while self._jobs and len(taken) < n and ready(self._jobs[0][0]):
+                taken.append(self._jobs.popleft())
+        if taken:
+            self._slots.notify()
+        return taken
 
 
 class HeldClaims:

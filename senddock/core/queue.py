@@ -71,6 +71,14 @@ class Recorded:
 
 
 @dataclass(frozen=True)
+class GroupCommit:
+    """What one group commit did: each result (by job id), and which jobs it marked begun."""
+
+    recorded: dict[int, Recorded]
+    begun: frozenset[int]
+
+
+@dataclass(frozen=True)
 class ResultRow:
     """One send's result for the completer's group commit."""
 
@@ -148,28 +156,40 @@ class Queue:
     def record_results(self, rows: Sequence[ResultRow], *, synchronous: bool = False) -> dict[int, Recorded]:
         """Commit many sends' results in one statement (``synchronous``: wait for the disk whatever
         result_commit says). Returns what each job's result did, by job id."""
+        return self.commit_group(rows, synchronous=synchronous).recorded
+
+    def commit_group(self, rows: Sequence[ResultRow], *, synchronous: bool = False,
+                     begin: Sequence[ClaimedJob] = ()) -> GroupCommit:
+        """The completer's commit: ``rows``' results and, in the same statement, the begin marks of
+        ``begin`` (jobs claimed ahead, not begun: the commit is synchronous then, since their sends
+        start once it returns)."""
         if not rows:
-            return {}
+            return GroupCommit({}, frozenset())
         params = {
             "results": json.dumps([_result_fields(r) for r in rows]),
             "count": len(rows),
+            "begin_ids": [j.id for j in begin],
+            "begin_tokens": [j.claim_token for j in begin],
             "node": self.node.name,
             "node_id": self.node.id,
-            "synchronous_commit": "on" if synchronous else self._synchronous_commit,
+            "synchronous_commit": "on" if synchronous or begin else self._synchronous_commit,
         }
         if not self.webhooks.active:  # no webhooks: the one statement as ever, nothing more
-            return self._recorded(params)
+            return self._committed(params)
         # The statement's synchronous_commit setting holds for the transaction it is in.
         # Pipelined: BEGIN goes with the results' statement, the events' INSERT with COMMIT (two
         # round trips, not four).
         with self.conn.pipeline(), self.conn.transaction():
-            recorded = self._recorded(params)
-            outbox.emit(self.conn, self.webhooks, result_events(rows, recorded))
-        return recorded
+            committed = self._committed(params)
+            outbox.emit(self.conn, self.webhooks, result_events(rows, committed.recorded))
+        return committed
 
-    def _recorded(self, params: dict[str, Any]) -> dict[int, Recorded]:
-        return {job_id: Recorded(recorded, late_sent, paused_now)
-                for job_id, recorded, late_sent, paused_now, _ in self.conn.execute(query("jobs_record_results"), params)}
+    def _committed(self, params: dict[str, Any]) -> GroupCommit:
+        recorded, begun = {}, frozenset()
+        for job_id, applied, late_sent, paused_now, marked, _ in self.conn.execute(query("jobs_record_results"), params):
+            recorded[job_id] = Recorded(applied, late_sent, paused_now)
+            begun = frozenset(marked or ())
+        return GroupCommit(recorded, begun)
 
     def record(self, job: ClaimedJob, attempt: int, started_at: datetime | None, result: JobResult, *,
                synchronous: bool = False) -> Recorded:

@@ -1,8 +1,9 @@
 """`senddock run`: one node with its lifeline, its claimer, senders and completer, and the chores.
 
 Start: register the node and take its lock, recover at once what earlier incarnations of this
-node's name left behind, start the pipeline: a claimer claims as many jobs as there are free send
-slots (``concurrency``), senders send them, a completer records their results in groups, the
+node's name left behind, start the pipeline: a claimer claims jobs for the free send slots
+(``concurrency``) and for the deck (jobs claimed ahead), senders send them, a completer records
+their results in groups and refills the freed slots from the deck in the same commit, the
 aftercare acts on what was recorded (see docs/engine.md). Every poll interval: recover the jobs of
 nodes whose lease ran out, raise the claim floors of sending broadcasts, start scheduled campaigns
 whose time has come, fail what cancelled campaigns left behind, re-run bounce hooks that did not
@@ -29,7 +30,7 @@ from senddock.core.completer import Completer
 from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
-from senddock.core.inflight import HeldClaims, Slots
+from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.migrations import applied_versions, latest_version
 from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.pacing_gate import PacingGate
@@ -97,6 +98,7 @@ class Runner:
         self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics)
         self.held_claims = HeldClaims()
         self.slots = Slots(self.concurrency)
+        self.deck = Deck(0, self.slots)  # sized when the pipeline starts
         self.claimer: Claimer | None = None
         self.senders: Senders | None = None
         self.completer: Completer | None = None
@@ -114,6 +116,8 @@ class Runner:
     def wake_workers(self) -> None:
         with self._wake:
             self._wake.notify_all()
+        if self.claimer is not None:
+            self.claimer.wake()
 
     def wait_for_work(self, timeout: float | None = None) -> None:
         with self._wake:
@@ -235,17 +239,21 @@ class Runner:
     def _start_pipeline(self) -> None:
         contents = ContentCache(self._pooled_queue)
         gate = PacingGate(self.config.pacing, self.config.transport)
+        # Jobs claimed ahead, to refill the slots a group commit frees; none under pacing limits
+        # (each job's limits are taken when it may begin, by the claimer's gate).
+        self.deck = Deck(0 if gate.configured else min(self.concurrency, self.config.claim_batch), self.slots)
         self.completer = Completer(
-            self.db, self.queue, slots=self.slots, claims=self.held_claims, aftercare=self.aftercare,
+            self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims, aftercare=self.aftercare,
             lifeline=self.lifeline, async_results=self.config.database.result_commit == "async",
             finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
-            throttled=gate.throttled,
+            throttled=gate.throttled, dispatch=lambda jobs: self.senders.submit_claimed(jobs),
+            may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
         )
         self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
                                self.concurrency, self.metrics)
         self.claimer = Claimer(
-            self.config, self.db, self.queue, slots=self.slots, claims=self.held_claims, contents=contents,
-            gate=gate, senders=self.senders,
+            self.config, self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims,
+            contents=contents, gate=gate, senders=self.senders,
             completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
             wait_for_work=self.wait_for_work, metrics=self.metrics,
         )
@@ -262,7 +270,7 @@ class Runner:
             yield self.queue(conn)
 
     def _busy(self) -> bool:
-        return bool(self.slots.in_use
+        return bool(self.slots.in_use or len(self.deck)
                     or (self.claimer and (self.claimer.busy or self.claimer.holding or self.claimer.settling))
                     or (self.completer and self.completer.pending) or self.aftercare.busy)
 

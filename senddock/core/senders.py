@@ -49,6 +49,8 @@ class Senders:
         self._completer = completer
         self._send_duration = (metrics or NodeMetrics()).send_duration.labels(transport=config.transport)
         self._jobs: queues.SimpleQueue[Dispatch | None] = queues.SimpleQueue()
+        self._closed = False  # stop() was called: a job handed over now goes back unstarted
+        self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._run, name=f"senddock-sender-{i}", daemon=True)
                          for i in range(size)]
 
@@ -57,13 +59,27 @@ class Senders:
             thread.start()
 
     def submit(self, dispatch: Dispatch) -> None:
-        self._jobs.put(dispatch)
+        with self._lock:
+            if not self._closed:
+                self._jobs.put(dispatch)
+                return
+        # The senders have stopped (the completer may begin the deck's jobs until it is told to
+        # stop): never started, the job goes back with its slot.
+        self._completer.put(Done(dispatch.job))
+
+    def submit_claimed(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
+        """Jobs marked begun with the monotonic time their claim's reply arrived."""
+        for job, claimed_at in jobs:
+            self.submit(Dispatch(job, claimed_at))
 
     def stop(self, deadline: float) -> list[str]:
         """Let the sends in flight finish (jobs not started go back); returns the threads still
         sending at the deadline."""
-        for _ in self._threads:
-            self._jobs.put(None)
+        with self._lock:
+            # Every job handed over before this is taken before any thread's None (one queue, in order).
+            self._closed = True
+            for _ in self._threads:
+                self._jobs.put(None)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [t.name for t in self._threads if t.is_alive()]

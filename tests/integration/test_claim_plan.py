@@ -52,13 +52,18 @@ def test_the_results_statement_reaches_jobs_by_index_in_its_generic_plan(senddoc
     1 ms commit at 3,000 jobs, growing with the table)."""
     make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(3000)])
     statement = query("jobs_record_results")
-    for number, name in enumerate(("results", "count", "node", "node_id", "synchronous_commit"), start=1):
+    parameters = {"results": ("json", "'[]'"), "count": ("int", "0"), "begin_ids": ("bigint[]", "'{}'"),
+                  "begin_tokens": ("uuid[]", "'{}'"), "node": ("text", "'plan'"),
+                  "node_id": ("uuid", "gen_random_uuid()"), "synchronous_commit": ("text", "'on'")}
+    for number, name in enumerate(parameters, start=1):
         statement = statement.replace(f"%({name})s", f"${number}")
+    assert "%(" not in statement, "a parameter of the statement is missing here"
+    types = ", ".join(kind for kind, _ in parameters.values())
+    values = ", ".join(value for _, value in parameters.values())
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute("ANALYZE broadcast_jobs")
-        conn.execute(f"PREPARE record_results (json, int, text, uuid, text) AS {statement}")
+        conn.execute(f"PREPARE record_results ({types}) AS {statement}")
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN EXECUTE record_results('[]', 0, 'plan', gen_random_uuid(), 'on')"))
+        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE record_results({values})"))
     assert "broadcast_jobs" in plan, plan
     assert not re.search(r"Seq Scan on broadcast_jobs", plan), plan

@@ -238,16 +238,16 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
         settings["smtp"].update(username="mailer", password="${SMTP_PASSWORD}")
         app = app_for(settings)
         campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])
-        original, calls = Queue.record_results, []
+        original, calls = Queue.commit_group, []
 
         def commit_then_lose_the_reply(self, *args, **kwargs):
-            recorded = original(self, *args, **kwargs)
-            calls.append(recorded)
+            committed = original(self, *args, **kwargs)
+            calls.append(committed)
             if len(calls) == 1:
                 raise psycopg.OperationalError("server closed the connection unexpectedly")
-            return recorded
+            return committed
 
-        monkeypatch.setattr(Queue, "record_results", commit_then_lose_the_reply)
+        monkeypatch.setattr(Queue, "commit_group", commit_then_lose_the_reply)
         drain(app.config)
     assert len(calls) == 1  # the retry found the committed result instead of writing it again
     status = app.campaign_status(campaign_id)

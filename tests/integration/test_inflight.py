@@ -93,7 +93,8 @@ def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate
         make_config, database_dsn, smtp_sink, tmp_path: Path):
     """Killed while 200 sends are in flight to a relay that takes 50 ms a message: nobody is
     dropped, every duplicate is listed in doubt, and each kill leaves at most `concurrency` jobs in
-    doubt (begun and not recorded)."""
+    doubt (begun and not recorded). The jobs the node had claimed ahead (its deck, never begun) go
+    back as they were: none of them is recorded in doubt for that kill."""
     concurrency = 200
     smtp_sink.handler.delay = 0.05
     settings = fast_settings(smtp_sink.port, concurrency=concurrency,
@@ -103,12 +104,16 @@ def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate
     campaign_id = make_broadcast(app, emails)
     config_path = write_config(tmp_path, settings)
     in_doubt_after: list[int] = []
+    on_deck_at: list[tuple[object, set[int]]] = []  # (the database's time after a kill, jobs claimed ahead)
 
     def count_in_doubt() -> None:
         with psycopg.connect(database_dsn) as conn:
             # What the next incarnation will find in doubt: begun and not recorded.
             in_doubt_after.append(conn.execute(
                 "SELECT count(*) FROM broadcast_jobs WHERE status = 'sending' AND send_begun").fetchone()[0])
+            now, ahead = conn.execute("SELECT now(), coalesce(array_agg(id), '{}') FROM broadcast_jobs "
+                                      "WHERE status = 'sending' AND NOT send_begun").fetchone()
+            on_deck_at.append((now, set(ahead)))
 
     kills = kill_while_sending(config_path, database_dsn, "crowded", rounds=3, progress=300, most_pause=0.3,
                                seed=20261203, after_each=count_in_doubt)
@@ -123,7 +128,16 @@ def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate
     assert twice <= in_doubt, f"duplicates not recorded as in doubt: {sorted(twice - in_doubt)[:5]}"
     assert all(n <= concurrency for n in in_doubt_after), in_doubt_after
     assert len(in_doubt) <= kills * concurrency
-    print(f"kills={kills} in doubt after each={in_doubt_after} in_doubt={len(in_doubt)} twice={len(twice)}")
+    assert any(ahead for _, ahead in on_deck_at), "no job was on the deck at a kill: the test proves nothing"
+    with psycopg.connect(database_dsn) as conn:
+        doubted = conn.execute("SELECT job_id, started_at FROM delivery_attempts WHERE outcome = 'in_doubt'").fetchall()
+    # An in-doubt row of a kill carries the dead claim's time, before that kill; a job on the deck
+    # then may be in doubt at a later kill only (sent meanwhile, and in flight again).
+    for killed_at, ahead in on_deck_at:
+        wrongly = [job_id for job_id, started_at in doubted if job_id in ahead and started_at < killed_at]
+        assert not wrongly, f"jobs never begun recorded in doubt: {wrongly[:5]}"
+    print(f"kills={kills} in doubt after each={in_doubt_after} on the deck={[len(a) for _, a in on_deck_at]} "
+          f"in_doubt={len(in_doubt)} twice={len(twice)}")
     app.close()
 
 

@@ -565,14 +565,29 @@ WITH r AS (
      WHERE c.id = p.campaign_id
        AND (c.status IN ('sending', 'scheduled') OR (c.status = 'paused' AND c.auto_resume))
     RETURNING c.id
+), marked AS (
+    -- Jobs this node claimed ahead (its deck), marked begun in the commit that frees the slots
+    -- they take: their sends begin once it returns (it is synchronous then). Fenced by their own
+    -- claim tokens, and only while their campaign still sends and got no pause outcome here (the
+    -- pause above is not visible to this statement's snapshot). Rows disjoint from result's and
+    -- late's: those are the results' jobs.
+    UPDATE broadcast_jobs j
+       SET send_begun = true
+      FROM unnest(%(begin_ids)s::bigint[], %(begin_tokens)s::uuid[]) AS b (id, token), campaigns c
+     WHERE j.id = b.id AND j.claim_token = b.token AND j.status = 'sending'
+       AND c.broadcast_id = j.broadcast_id AND c.status = 'sending'
+       AND NOT EXISTS (SELECT FROM r WHERE r.campaign_id = c.id AND r.pause_reason IS NOT NULL)
+    RETURNING j.id
 )
 -- synchronous_commit for this commit only: 'off' with database.result_commit: async (claims and
 -- begin marks stay synchronous; see docs/engine.md).
 -- paused_now: this statement paused the job's campaign (on the campaign's first job in it).
+-- begun: the jobs of begin_ids marked begun (the same on every row).
 SELECT r.job_id, x.id IS NOT NULL AS recorded, l.id IS NOT NULL AS late_sent,
        r.pause_reason IS NOT NULL AND r.job_id = min(r.job_id) FILTER (WHERE r.pause_reason IS NOT NULL)
                                                   OVER (PARTITION BY r.campaign_id)
        AND r.campaign_id IN (SELECT id FROM paused) AS paused_now,
+       (SELECT array_agg(id) FROM marked) AS begun,
        set_config('synchronous_commit', %(synchronous_commit)s, true)
   FROM r LEFT JOIN result x ON x.id = r.job_id LEFT JOIN late l ON l.id = r.job_id;
 
@@ -590,11 +605,15 @@ SELECT a.job_id, a.claim_lost
 -- After the limits were taken for jobs claimed with send_begun = false: the admitted ones are
 -- marked begun (this commit is synchronous: a send begins only after it), the held-back ones go
 -- back to wait for their limit, as 'retry' due when it has room, with no attempt spent and nothing
--- in doubt (their send never began). Both fenced by the claim token.
+-- in doubt (their send never began). Both fenced by the claim token. A job whose campaign stopped
+-- sending since its claim (paused, cancelled: a job may wait on the deck) is neither: the caller
+-- puts it back.
 WITH begun AS (
     UPDATE broadcast_jobs j
        SET send_begun = true
+      FROM campaigns c
      WHERE j.id = ANY (%(begun_ids)s::bigint[]) AND j.claim_token = %(claim_token)s AND j.status = 'sending'
+       AND c.broadcast_id = j.broadcast_id AND c.status = 'sending'
     RETURNING j.id
 ), held AS (
     UPDATE broadcast_jobs j

@@ -1,0 +1,70 @@
+"""The node's send slots and its deck (jobs claimed ahead), without a database."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+from senddock.core.inflight import Deck, Slots
+from senddock.core.queue import ClaimedJob
+
+
+def job(job_id: int, send_rate: str | None = None) -> ClaimedJob:
+    return ClaimedJob(id=job_id, broadcast_id=1, campaign_id=1, subscriber_id=job_id, email=f"u{job_id}@example.com",
+                      name=None, attributes={}, attempts=0, deferrals=0, claim_token=uuid.uuid4(), age=0.0,
+                      suppressed=False, domain="example.com", send_rate=send_rate, send_begun=False,
+                      claim_epoch=None)
+
+
+def test_the_deck_wants_a_claim_only_once_down_to_half():
+    deck = Deck(6, Slots(6))
+    assert deck.wants_more()
+    deck.put((job(i), 0.0) for i in range(6))
+    assert not deck.wants_more() and deck.room() == 0
+    deck.take(2)
+    assert not deck.wants_more()  # 4 left: a claim now would take 2, a claim per send or two
+    deck.take(1)
+    assert deck.wants_more() and deck.room() == 3
+
+
+def test_no_deck_never_wants_a_claim():
+    assert not Deck(0, Slots(5)).wants_more()
+
+
+def test_the_deck_is_taken_in_claim_order_and_stops_at_a_job_that_is_not_ready():
+    deck = Deck(10, Slots(10))
+    deck.put((job(i, "10/s" if i == 3 else None), 0.0) for i in range(1, 6))
+    taken = deck.take(10, ready=lambda j: j.send_rate is None)
+    # Job 3 must pass its campaign's rate first (the claimer's gate): it is not skipped over, and
+    # the jobs behind it wait for it.
+    assert [j.id for j, _ in taken] == [1, 2]
+    assert [j.id for j, _ in deck.take(10)] == [3, 4, 5]
+
+
+def test_jobs_put_back_in_front_keep_their_order():
+    deck = Deck(10, Slots(10))
+    deck.put((job(i), 0.0) for i in (3, 4))
+    deck.put(((job(1), 0.0), (job(2), 0.0)), front=True)
+    assert [j.id for j, _ in deck.take(10)] == [1, 2, 3, 4]
+
+
+def test_a_claimer_waiting_for_a_slot_wakes_when_the_deck_runs_low():
+    slots = Slots(2)
+    deck = Deck(4, slots)
+    slots.take(2)  # every slot busy
+    deck.put((job(i), 0.0) for i in range(4))
+    woke = []
+
+    def claimer() -> None:
+        started = time.monotonic()
+        slots.wait_free(5.0, or_else=deck.wants_more)
+        woke.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=claimer)
+    thread.start()
+    time.sleep(0.05)
+    assert not woke  # no free slot, the deck full: nothing to do
+    deck.take(2)  # the completer refilled two slots from the deck: now it is down to half
+    thread.join(2.0)
+    assert woke and woke[0] < 2.0
