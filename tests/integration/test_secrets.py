@@ -36,7 +36,9 @@ def test_a_direct_dsn_that_does_not_parse_stops_the_node_without_showing_its_pas
 
 
 def test_the_lifeline_log_never_shows_the_password_of_a_direct_dsn(run_senddock, tmp_path: Path):
+    # A short lease: the node gives up registering after connect_timeout + lease + 5 s.
     config = write_config(tmp_path, {"database": {"direct_dsn": "${DIRECT_DSN}", "connect_timeout": "1s"},
+                                     "recovery": {"heartbeat": "500ms", "lease": "2s"},
                                      "logging": {"format": "json"}})
     result = run_senddock("run", "-c", config, "--exit-when-idle",
                           env={"DIRECT_DSN": "postgresql://u:p@ss@127.0.0.1:1/none"})
