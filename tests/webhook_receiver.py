@@ -52,10 +52,13 @@ class Receiver:
                 pass
 
             def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
                 try:
-                    body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                    body = self.rfile.read(length)
                 except OSError:
                     return  # the client died mid-request (a node killed with kill -9)
+                if len(body) < length:
+                    return  # it died between the headers and the end of the body: no request, as for any server
                 with receiver.lock:
                     number = len(receiver.requests) + 1
                     answer = receiver.answer(number, body)
