@@ -67,3 +67,17 @@ def test_the_results_statement_reaches_jobs_by_index_in_its_generic_plan(senddoc
         plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE record_results({values})"))
     assert "broadcast_jobs" in plan, plan
     assert not re.search(r"Seq Scan on broadcast_jobs", plan), plan
+
+
+def test_a_claim_looks_each_address_up_in_the_suppressions_once(senddock_app, database_dsn):
+    make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(20)])
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        node = uuid.uuid4()
+        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
+        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True}
+        with conn.transaction():
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE) " + query("jobs_claim"), params))
+            raise psycopg.Rollback
+    assert re.search(r"Update on broadcast_jobs .*actual time=\S+ rows=5(\.00)? loops=1", plan), plan  # it did claim 5
+    # One lookup per claimed job, not one per SET expression that reads whether it was suppressed.
+    assert len(re.findall(r" on suppressions ", plan)) == 1, plan
