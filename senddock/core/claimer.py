@@ -168,7 +168,8 @@ class Claimer(threading.Thread):
 
     def _deck_pays(self) -> bool:
         """Whether refilling slots from a deck costs less than claiming for them (see MARK_COST)."""
-        return self._completer.group_size < 1 / (MARK_COST + 2 / self._deck.size)
+        size = self._deck.size
+        return size > 0 and self._completer.group_size < 1 / (MARK_COST + 2 / size)
 
     def _deck_wait(self) -> float:
         """How long to wait for a free slot before looking at the deck again."""
