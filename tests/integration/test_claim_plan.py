@@ -17,6 +17,18 @@ from senddock.core.queries import query
 from tests_support import make_broadcast
 
 
+def explain_a_claim_of_five(database_dsn: str) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of a real claim of 5 by a registered node, rolled back."""
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        node = uuid.uuid4()
+        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
+        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True}
+        with conn.transaction():
+            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params))
+            raise psycopg.Rollback
+    return plan
+
+
 def test_a_claim_never_walks_the_jobs_of_a_paused_campaign(senddock_app, database_dsn):
     senddock_app.create_list("big")
     paused_campaign = senddock_app.create_campaign(name="Big", lists=["big"], subject="x",
@@ -34,12 +46,7 @@ def test_a_claim_never_walks_the_jobs_of_a_paused_campaign(senddock_app, databas
     make_broadcast(senddock_app, [f"small{i}@example.com" for i in range(50)], list_name="small", name="Small")
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute("ANALYZE broadcast_jobs")
-        node = uuid.uuid4()
-        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
-        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True}
-        with conn.transaction():
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params))
-            raise psycopg.Rollback
+    plan = explain_a_claim_of_five(database_dsn)
     top = re.search(r"Buffers: shared hit=(\d+)", plan)
     assert top is not None, plan
     assert int(top.group(1)) < 500, plan
@@ -71,13 +78,7 @@ def test_the_results_statement_reaches_jobs_by_index_in_its_generic_plan(senddoc
 
 def test_a_claim_looks_each_address_up_in_the_suppressions_once(senddock_app, database_dsn):
     make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(20)])
-    with psycopg.connect(database_dsn, autocommit=True) as conn:
-        node = uuid.uuid4()
-        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
-        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True}
-        with conn.transaction():
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE) " + query("jobs_claim"), params))
-            raise psycopg.Rollback
+    plan = explain_a_claim_of_five(database_dsn)
     assert re.search(r"Update on broadcast_jobs .*actual time=\S+ rows=5(\.00)? loops=1", plan), plan  # it did claim 5
     # One lookup per claimed job, not one per SET expression that reads whether it was suppressed.
     assert len(re.findall(r" on suppressions ", plan)) == 1, plan
