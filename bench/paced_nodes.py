@@ -1,7 +1,7 @@
 """Benchmark: a global rate held by several real nodes, as the relay sees it.
 
     python bench/paced_nodes.py [--dsn ADMIN_DSN | --embedded] [--nodes 3] [--rate 60/s] [--burst N]
-                                [--recipients 3000] [--concurrency C] [--tolerance 0.05]
+                                [--recipients 3000] [--concurrency C] [--connect-at-start] [--tolerance 0.05]
 
 One campaign of --recipients one-word messages, sent by --nodes `senddock run --exit-when-idle`
 processes sharing one config with `pacing: {global: RATE}` (or `{rate, burst}` with --burst), to
@@ -43,9 +43,13 @@ from senddock.pacing.rates import parse_rate
 WINDOW = 10.0  # seconds: the span issue 14 judges a rate over
 
 
-def node_config(folder: Path, port: int, rate: str, burst: int | None, concurrency: int | None) -> Path:
+def node_config(folder: Path, port: int, rate: str, burst: int | None, concurrency: int | None,
+                connect_at_start: bool = False) -> Path:
+    smtp = {"host": "127.0.0.1", "port": port, "security": "none"}
+    if connect_at_start:
+        smtp["connect_at_start"] = True  # not on an install whose smtp section has no such key
     settings = {
-        "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": port, "security": "none"},
+        "transport": "smtp", "smtp": smtp,
         "pacing": {"global": rate if burst is None else {"rate": rate, "burst": burst}},
         "poll_interval": "100ms", "logging": {"level": "warning", "format": "json"},
         **(engine_settings(concurrency) if concurrency else {}),
@@ -88,6 +92,8 @@ def main() -> None:
     parser.add_argument("--recipients", type=int, default=3_000)
     parser.add_argument("--concurrency", type=int, default=None,
                         help="sends in flight per node (default: the config's)")
+    parser.add_argument("--connect-at-start", action="store_true",
+                        help="smtp.connect_at_start: each sender opens its connection before the first claim")
     parser.add_argument("--tolerance", type=float, default=0.05, help="of the rate, per 10 s window")
     parser.add_argument("--timeout", type=float, default=None,
                         help="seconds the nodes may take (default: twice the paced time, at least 60)")
@@ -100,7 +106,8 @@ def main() -> None:
         sink_log = folder / "sink.log"
         sink = SinkProcess(0.0, log=sink_log)
         try:
-            config_path = node_config(folder, sink.port, args.rate, args.burst, args.concurrency)
+            config_path = node_config(folder, sink.port, args.rate, args.burst, args.concurrency,
+                                      args.connect_at_start)
             fill_list(dsn, args.recipients)
             app = open_app(load_config(config_path, environ={**os.environ, "SENDDOCK_DATABASE_URL": dsn}), dsn)
             campaign_id, _ = enqueue(app)
@@ -129,7 +136,8 @@ def main() -> None:
     print(f"  busiest second: {most} messages (bound: rate + burst = {bound:g})")
     print("PASS" if not problems else "FAIL: " + "; ".join(problems))
     print(json.dumps({"benchmark": "paced_nodes", "nodes": args.nodes, "rate_per_s": rate.per_second,
-                      "burst": rate.burst, "recipients": args.recipients, "received": len(times),
+                      "burst": rate.burst, "connect_at_start": args.connect_at_start,
+                      "recipients": args.recipients, "received": len(times),
                       "span_s": round(span, 3), "rate_after_burst_per_s": overall and round(overall, 3),
                       "window_s": WINDOW, "window_rates_per_s": [c / WINDOW for c in counts],
                       "busiest_second": most, "bound_per_second": bound, "tolerance": args.tolerance,

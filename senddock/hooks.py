@@ -236,6 +236,24 @@ def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
 
 
 @hookspec
+def worker_started(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
+    """Prepare a sender thread's state before its first send (open a connection to the relay ahead).
+
+    Called once by each sender thread of ``senddock run`` as it starts (``concurrency`` calls per
+    node, at once). The node waits for these calls before its first claim, at most 5 seconds
+    (then it claims anyway, and a call still running only delays its thread's first send): a paced burst then goes out on open connections instead of opening
+    them all at the moment it may begin. Optional: a transport that does nothing here opens its
+    connection at its first send, as before. Not called by ``send-test``.
+
+    :param worker_state: the dict that thread will pass to every ``send_message`` call.
+    :param config: the validated configuration.
+    :return: nothing; return values are ignored. A failure here must not be reported as a send's:
+        keep nothing (the first send opens its own connection and reports what goes wrong).
+        Raising is allowed: it is logged, and the thread sends all the same.
+    """
+
+
+@hookspec
 def worker_stopped(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
     """Release what a plugin kept in a sender thread's state (an open SMTP connection).
 

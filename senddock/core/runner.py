@@ -51,6 +51,9 @@ MIN_POOL_SIZE = 4
 # How often a node folds the tallies of ended sessions (migration 11): often enough that the
 # table stays small, rare enough to cost nothing.
 FOLD_TALLIES_EVERY = 60.0
+# Seconds the first claim waits for the senders' worker_started hooks (connections opened ahead):
+# enough for a relay to greet hundreds of sessions, short enough that a dead one barely delays it.
+SENDERS_READY_WAIT = 5.0
 
 __all__ = ["MIN_POOL_SIZE", "RunStats", "Runner"]
 
@@ -257,9 +260,17 @@ class Runner:
             completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
             wait_for_work=self.wait_for_work, metrics=self.metrics,
         )
+        try:
+            self.composer.warm_up()
+        except Exception as exc:  # noqa: BLE001 - best effort: the first send reports what is wrong
+            log.warning("warm_up_failed", error=repr(exc))
         self.aftercare.start()
         self.completer.start()
         self.senders.start()
+        if not self.senders.wait_ready(SENDERS_READY_WAIT):
+            # A transport still opening its connections (a relay that does not answer): claim
+            # anyway; those threads send once it is done.
+            log.warning("senders_not_ready", waited_s=SENDERS_READY_WAIT)
         self.claimer.start()
         self.prober.start()
         self.deliverers.start()

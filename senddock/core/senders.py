@@ -3,7 +3,8 @@
 Each takes a claimed job whose begin mark has committed, renders it, sends it through the
 ``send_message`` hook (which may block: a relay's answer), classifies the result and hands it to
 the completer. Each thread keeps its own ``worker_state``, so a transport reuses its connection to
-the relay from one send to the next.
+the relay from one send to the next; it starts with the ``worker_started`` hook (a transport may
+open that connection then), and the node claims nothing until every thread has (see ``wait_ready``).
 """
 
 from __future__ import annotations
@@ -51,12 +52,19 @@ class Senders:
         self._jobs: queues.SimpleQueue[Dispatch | None] = queues.SimpleQueue()
         self._closed = False  # stop() was called: a job handed over now goes back unstarted
         self._lock = threading.Lock()
+        self._starting = size  # threads whose worker_started hook has not returned yet
+        self._started = threading.Condition()
         self._threads = [threading.Thread(target=self._run, name=f"senddock-sender-{i}", daemon=True)
                          for i in range(size)]
 
     def start(self) -> None:
         for thread in self._threads:
             thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether every thread's ``worker_started`` returned within ``timeout`` seconds."""
+        with self._started:
+            return self._started.wait_for(lambda: self._starting == 0, timeout)
 
     def submit(self, dispatch: Dispatch) -> None:
         with self._lock:
@@ -87,6 +95,7 @@ class Senders:
     def _run(self) -> None:
         state: dict[str, Any] = {}
         try:
+            self._prepare(state)
             while (dispatch := self._jobs.get()) is not None:
                 try:
                     done = self._send(dispatch, state)
@@ -101,6 +110,17 @@ class Senders:
                 self.pm.hook.worker_stopped(worker_state=state, config=self.config)
             except Exception as exc:
                 log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
+
+    def _prepare(self, state: dict[str, Any]) -> None:
+        """The worker_started hook (a transport opens its connection ahead), then ready."""
+        try:
+            self.pm.hook.worker_started(worker_state=state, config=self.config)
+        except Exception as exc:
+            log.error("plugin_failed", hook="worker_started", error=repr(exc))
+        finally:
+            with self._started:
+                self._starting -= 1
+                self._started.notify_all()
 
     def _send(self, dispatch: Dispatch, state: dict[str, Any]) -> Done:
         job = dispatch.job

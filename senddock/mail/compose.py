@@ -98,6 +98,20 @@ class Composer:
                 self._prepared[content.campaign_id] = prepared
         return prepared
 
+    def warm_up(self) -> None:
+        """Build and serialise one made-up message (never sent), so what a node's first send would
+        load (email_validator's grammar, the email package's header classes, the DKIM signer) is
+        loaded at start: not by every sender at once, each waiting on the import lock with its send
+        begun (a paced burst then reaches the relay as late as the slowest of them)."""
+        content = CampaignContent(0, "warm-up", "Hello {{ subscriber.name }}", "warm-up@example.com",
+                                  text_body="Hello {{ subscriber.name }}", list_name="warm-up")
+        prepared = self.prepare(content)
+        with self._lock:
+            self._prepared.pop(content.campaign_id, None)  # campaign ids start at 1: 0 is no campaign
+        message = self.message(prepared, Recipient("warm-up@example.com", "Warm Up", {}, None), job_id=0,
+                               broadcast_id=0, attempt=1)
+        mime.message_bytes(message)
+
     def message(
         self,
         prepared: PreparedCampaign,

@@ -240,6 +240,26 @@ def test_a_plugin_whose_hook_raises_fails_jobs_not_workers(make_config, smtp_sin
     app.close()
 
 
+def test_a_worker_started_hook_that_raises_leaves_every_sender_sending(make_config, smtp_sink, tmp_path: Path,
+                                                                        monkeypatch):
+    """worker_started is optional and best effort: a plugin's that raises in every sender thread
+    is logged, and the node sends all the same (the transport opens its connection at the send)."""
+    from senddock.testing import drain
+
+    plugin = tmp_path / "plugin_site" / "acme_buggy_start.py"
+    plugin.parent.mkdir()
+    plugin.write_text("from senddock import hookimpl\n\n@hookimpl\ndef worker_started(worker_state):\n"
+                      "    raise KeyError('bug in the plugin')\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(plugin.parent))
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=3, plugins={"load": ["acme_buggy_start"]})))
+    emails = [f"user{i}@example.com" for i in range(6)]
+    campaign_id = make_broadcast(app, emails)
+    drain(app.config)
+    assert sorted(r.recipients[0] for r in smtp_sink.received) == sorted(emails)
+    assert app.campaign_status(campaign_id).status == "finished"
+    app.close()
+
+
 def test_due_retries_are_claimed_before_pending_jobs(senddock_app, database_dsn):
     make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(20)])
     with psycopg.connect(database_dsn, autocommit=True) as conn:

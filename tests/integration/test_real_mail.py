@@ -20,6 +20,7 @@ from tests_support import (
     dns_for,
     jobs_by_email,
     make_broadcast,
+    running_node,
     senddock_executable,
     suppressed,
     wait_for,
@@ -241,3 +242,38 @@ def test_connections_are_reused_and_reopened_after_max_messages_and_after_a_421(
     assert deferrals > 1  # more than max_retries
     assert suppressed(app) == {}
     app.close()
+
+
+def test_connect_at_start_sends_on_the_sessions_opened_before_the_first_claim(make_config, smtp_sink):
+    """smtp.connect_at_start: each of the node's 3 senders greets the relay before there is
+    anything to send, and the broadcast then goes out on those sessions, none opened at a send."""
+    settings = fast_settings(smtp_sink.port, concurrency=3)
+    settings["smtp"]["connect_at_start"] = True
+    config = make_config(settings)
+    app = Senddock(config)
+    with running_node(config):
+        wait_for(lambda: len(smtp_sink.handler.sessions()) == 3, 10, "3 sessions opened as the node starts")
+        opened_at_start = smtp_sink.handler.sessions()
+        campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(12)])
+        wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 20, "the broadcast to finish")
+    assert len(smtp_sink.received) == 12
+    assert {message.peer for message in smtp_sink.received} <= opened_at_start
+    assert smtp_sink.handler.sessions() == opened_at_start
+    app.close()
+
+
+def test_connecting_ahead_with_no_relay_keeps_nothing_and_with_one_keeps_its_session():
+    """A warm-up that cannot connect raises nothing and keeps nothing (the first send opens its own
+    connection and reports what goes wrong, as a send); one that can keeps its session."""
+    from senddock_smtp import transport
+
+    settings = {"host": "127.0.0.1", "port": free_port("127.0.0.1"), "helo_name": "test", "timeout": "2s",
+                "security": "none"}
+    state: dict = {}
+    transport.connect_ahead(settings, state)
+    assert state == {}
+    with Sink("127.0.0.1", 0) as sink:
+        transport.connect_ahead({**settings, "port": sink.port}, state)
+        assert len(sink.handler.sessions()) == 1
+        transport.close(state)
+    assert state == {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from email import message_from_bytes
 from email.policy import default as default_policy
 
@@ -165,3 +167,19 @@ def test_an_empty_body_and_trailing_blank_lines_sign_the_same_way_dkimpy_verifie
     for body in (b"", b"text\r\n\r\n\r\n", b"no final newline"):
         message = b"From: news@example.com\r\nTo: a@example.com\r\nSubject: x\r\n\r\n" + body
         assert dkim.verify(composer.signer.sign(message), dnsfunc=dns_for(composer.dns_record)), body
+
+
+def test_warming_up_loads_what_a_first_send_would_and_keeps_no_campaign():
+    """A node builds one made-up message before its first claim: the lazy imports of message
+    building happen then, not in 50 senders at once with their sends begun."""
+    code = (
+        "import sys\n"
+        "from senddock.config import load_config\n"
+        "from senddock.mail.compose import Composer\n"
+        "composer = Composer(load_config(None, environ={'SENDDOCK_DATABASE_URL': 'postgresql://x@localhost/x'}))\n"
+        "assert 'email_validator' not in sys.modules, 'already loaded: the test shows nothing'\n"
+        "composer.warm_up()\n"
+        "assert 'email_validator' in sys.modules\n"
+        "assert composer._prepared == {}\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

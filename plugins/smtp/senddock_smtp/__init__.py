@@ -38,6 +38,11 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
             "description": "Open a fresh connection after this many messages (relays cap messages per session).",
             "type": "integer", "minimum": 1, "default": 100,
         },
+        "connect_at_start": {
+            "description": "Each sender opens its connection as the node starts, before its first claim (a paced "
+                           "burst then goes out on open connections, not all opening at once); default: at its first send.",
+            "type": "boolean", "default": False,
+        },
         "return_path": {
             "description": "Envelope sender (MAIL FROM); {token} becomes the message's VERP token, "
                            "e.g. bounces+{token}@example.com. Default: the From address.",
@@ -103,6 +108,13 @@ def classify_result(result: SendResult) -> Classification | None:
     if result.transport != TRANSPORT:
         return None
     return _classify.classify(result)
+
+
+@hookimpl
+def worker_started(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
+    settings = config.section("smtp")
+    if config.transport == TRANSPORT and settings.get("connect_at_start"):
+        _transport.connect_ahead(settings, worker_state)
 
 
 @hookimpl

@@ -1,6 +1,7 @@
 """Sending over SMTP with smtplib, phase by phase, so a classifier knows what the server refused.
 
-One connection per sender thread, kept in ``worker_state`` and reused for many messages: re-opened after
+One connection per sender thread, kept in ``worker_state`` and reused for many messages: opened at
+the thread's first send (or as it starts, with ``connect_at_start``), re-opened after
 ``max_messages_per_connection``, after a 421 and after any connection error; RSET after a failed
 transaction. ``timeout`` bounds the connect and every command (smtplib sets it on the socket).
 """
@@ -139,6 +140,17 @@ def probe(settings: Mapping[str, Any]) -> SendResult:
                           error=exc)
     close({_STATE_KEY: _Connection(conn)})
     return result_for("session", code, _text(reply), ok=200 <= code < 300)
+
+
+def connect_ahead(settings: Mapping[str, Any], worker_state: MutableMapping[str, Any]) -> None:
+    """Open this thread's connection before its first send. A failure keeps nothing: that send
+    opens its own and reports what went wrong, as a send's result (a warm-up is no attempt)."""
+    if _STATE_KEY in worker_state:
+        return
+    try:
+        worker_state[_STATE_KEY] = _Connection(_open(settings))
+    except (PhaseError, OSError, smtplib.SMTPException):
+        pass
 
 
 def envelope_sender(message: Message, settings: Mapping[str, Any]) -> str:
