@@ -13,6 +13,7 @@ non-ASCII local parts would need SMTPUTF8 (RFC 6531), which the SMTP transport r
 from __future__ import annotations
 
 import binascii
+import functools
 import uuid
 from collections.abc import Collection
 from email import base64mime
@@ -64,13 +65,20 @@ def comparable_address(address: str) -> str:
         return address.strip().lower()
 
 
+@functools.lru_cache(maxsize=1024)
+def _mailboxes(header: str) -> tuple[tuple[str, str], ...]:
+    """(display name, address) pairs of a campaign's From or Reply-To: parsed once per campaign,
+    not once per message (email.utils' parser cost ~10% of a sender's CPU run per message)."""
+    return tuple(getaddresses([header]))
+
+
 def sender_domain(from_addr: str) -> str:
-    [(_, address)] = getaddresses([from_addr]) or [("", "")]
+    [(_, address)] = _mailboxes(from_addr) or [("", "")]
     return address.rpartition("@")[2] or "localhost"
 
 
 def envelope_sender(message: Message) -> str:
-    return ascii_address(getaddresses([message.campaign.from_addr])[0][1])
+    return ascii_address(_mailboxes(message.campaign.from_addr)[0][1])
 
 
 def list_id(list_name: str | None, list_id_value: int | None, domain: str) -> str:
@@ -92,7 +100,7 @@ def _mailbox(display_name: str, address: str) -> Address | str:
 
 
 def _from_header(from_addr: str) -> Address | str:
-    [(name, address)] = getaddresses([from_addr])
+    [(name, address)] = _mailboxes(from_addr)
     return _mailbox(name, address)
 
 
