@@ -31,6 +31,9 @@ log = structlog.get_logger(__name__)
 # First key of every node's advisory lock: pg_advisory_lock(LOCK_CLASS, nodes.lock_id).
 LOCK_CLASS = 0x5E4D
 NOTIFY_CHANNEL = "senddock_jobs"
+# How often the lifeline, waiting for notifications, looks whether the node is stopping: a node's
+# last step on the way out waits for it (it marks the node stopped), up to this long.
+STOP_CHECK = 0.05
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ class Lifeline(threading.Thread):
         self._wake()  # work may have arrived while we were away
         next_beat = time.monotonic() + self._heartbeat
         while not self._stop_event.is_set():
-            timeout = max(0.0, min(next_beat - time.monotonic(), 0.5))
+            timeout = max(0.0, min(next_beat - time.monotonic(), STOP_CHECK))
             woke = False
             for _ in conn.notifies(timeout=timeout, stop_after=1):
                 woke = True
