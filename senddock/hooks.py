@@ -249,7 +249,8 @@ def worker_started(worker_state: MutableMapping[str, Any], config: PluginConfig)
     :param config: the validated configuration.
     :return: nothing; return values are ignored. A failure here must not be reported as a send's:
         keep nothing (the first send opens its own connection and reports what goes wrong).
-        Raising is allowed: it is logged, and the thread sends all the same.
+        Do not raise: a raising implementation is logged and the thread sends all the same, but
+        pluggy calls no implementation after it (another transport's warm-up would be skipped).
     """
 
 

@@ -62,9 +62,16 @@ class Senders:
             thread.start()
 
     def wait_ready(self, timeout: float) -> bool:
-        """Whether every thread's ``worker_started`` returned within ``timeout`` seconds."""
+        """Whether every thread's ``worker_started`` returned within ``timeout`` seconds (False at
+        once if the node is stopping meanwhile: nothing will be claimed)."""
+        deadline = time.monotonic() + timeout
         with self._started:
-            return self._started.wait_for(lambda: self._starting == 0, timeout)
+            while self._starting and not self._stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._started.wait(min(left, 0.1))  # the stop is an event of its own: look at it often
+            return self._starting == 0
 
     def submit(self, dispatch: Dispatch) -> None:
         with self._lock:

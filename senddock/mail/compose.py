@@ -103,14 +103,16 @@ class Composer:
         load (email_validator's grammar, the email package's header classes, the DKIM signer) is
         loaded at start: not by every sender at once, each waiting on the import lock with its send
         begun (a paced burst then reaches the relay as late as the slowest of them)."""
-        content = CampaignContent(0, "warm-up", "Hello {{ subscriber.name }}", "warm-up@example.com",
-                                  text_body="Hello {{ subscriber.name }}", list_name="warm-up")
-        prepared = self.prepare(content)
-        with self._lock:
-            self._prepared.pop(content.campaign_id, None)  # campaign ids start at 1: 0 is no campaign
-        message = self.message(prepared, Recipient("warm-up@example.com", "Warm Up", {}, None), job_id=0,
-                               broadcast_id=0, attempt=1)
-        mime.message_bytes(message)
+        body = "Hello {{ subscriber.name }}"
+        for text, html in ((body, None), (None, f"<p>{body}</p>")):  # an HTML-only one: its text part too
+            content = CampaignContent(0, "warm-up", body, "warm-up@example.com", text_body=text, html_body=html,
+                                      list_name="warm-up")
+            prepared = self.prepare(content)
+            with self._lock:
+                self._prepared.pop(content.campaign_id, None)  # campaign ids start at 1: 0 is no campaign
+            message = self.message(prepared, Recipient("warm-up@example.com", "Warm Up", {}, None), job_id=0,
+                                   broadcast_id=0, attempt=1)
+            mime.message_bytes(message)
 
     def message(
         self,

@@ -248,13 +248,16 @@ def test_a_worker_started_hook_that_raises_leaves_every_sender_sending(make_conf
 
     plugin = tmp_path / "plugin_site" / "acme_buggy_start.py"
     plugin.parent.mkdir()
+    ran = tmp_path / "worker_started.log"
     plugin.write_text("from senddock import hookimpl\n\n@hookimpl\ndef worker_started(worker_state):\n"
+                      f"    with open({str(ran)!r}, 'a') as log:\n        log.write('ran\\n')\n"
                       "    raise KeyError('bug in the plugin')\n", encoding="utf-8")
     monkeypatch.syspath_prepend(str(plugin.parent))
     app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=3, plugins={"load": ["acme_buggy_start"]})))
     emails = [f"user{i}@example.com" for i in range(6)]
     campaign_id = make_broadcast(app, emails)
     drain(app.config)
+    assert ran.read_text(encoding="utf-8").splitlines() == ["ran"] * 3  # once in each of the 3 senders
     assert sorted(r.recipients[0] for r in smtp_sink.received) == sorted(emails)
     assert app.campaign_status(campaign_id).status == "finished"
     app.close()

@@ -5,8 +5,10 @@ and the one-click unsubscribe of a received message against a running `senddock 
 from __future__ import annotations
 
 import os
+import smtplib
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from email import message_from_bytes
@@ -27,8 +29,11 @@ from tests_support import (
 )
 
 from senddock.api import Senddock
+from senddock.config import load_config
 from senddock.mail import mime, verp
+from senddock.mail.compose import Composer
 from senddock.mail.unsubscribe import read_token
+from senddock.outcome import CampaignContent, Recipient
 from senddock.sink import FailRule, Sink, free_port
 from senddock.testing import drain, fast_settings
 
@@ -277,3 +282,37 @@ def test_connecting_ahead_with_no_relay_keeps_nothing_and_with_one_keeps_its_ses
         assert len(sink.handler.sessions()) == 1
         transport.close(state)
     assert state == {}
+
+
+@pytest.mark.parametrize("address", [
+    "user@example.com", "a+b@x.org", "o'neil@x.com", "user@xn--bcher-kva.example", "", '"john doe"@example.com',
+    "weird(comment)@x.com", "x@[127.0.0.1]", "<bounces@x.com>", "Bounces <b@x.com>", " a@b.com ", "<>",
+])
+def test_mail_and_rcpt_write_each_address_as_smtplib_would(address):
+    """A stored addr-spec is written as it is (no second parse); anything else as quoteaddr cleans it."""
+    from senddock_smtp.transport import _envelope_address
+
+    assert _envelope_address(address) == smtplib.quoteaddr(address)
+
+
+def test_a_connection_idle_past_the_limit_is_replaced_before_the_next_send(monkeypatch):
+    """A relay (or a NAT between) may have dropped a session idle for long: the next send opens a
+    fresh one instead of waiting a timeout on the old."""
+    from senddock_smtp import transport
+
+    composer = Composer(load_config(None, environ={"SENDDOCK_DATABASE_URL": "postgresql://x@localhost/x"}))
+    content = CampaignContent(campaign_id=7, name="n", subject="s", from_addr="news@example.com", text_body="hi")
+    prepared = composer.prepare(content)
+    messages = [composer.message(prepared, Recipient(f"u{i}@example.com", "", {}, i), job_id=i + 1, broadcast_id=1,
+                                 attempt=1) for i in range(3)]
+    monkeypatch.setattr(transport, "IDLE_REOPEN", 0.3)
+    state: dict = {}
+    with Sink("127.0.0.1", 0) as sink:
+        settings = {"host": "127.0.0.1", "port": sink.port, "timeout": "5s", "security": "none", "helo_name": "t"}
+        assert transport.send(messages[0], settings, state).ok
+        assert transport.send(messages[1], settings, state).ok  # at once: the same session
+        time.sleep(0.5)
+        assert transport.send(messages[2], settings, state).ok  # idle 0.5 s > 0.3 s: a fresh one
+        transport.close(state)
+        peers = [m.peer for m in sink.received]
+    assert peers[0] == peers[1] != peers[2]

@@ -2,17 +2,20 @@
 
 One connection per sender thread, kept in ``worker_state`` and reused for many messages: opened at
 the thread's first send (or as it starts, with ``connect_at_start``), re-opened after
-``max_messages_per_connection``, after a 421 and after any connection error; RSET after a failed
-transaction. ``timeout`` bounds the connect and every command (smtplib sets it on the socket).
+``max_messages_per_connection``, after a 421, after any connection error and after ``IDLE_REOPEN``
+seconds idle; RSET after a failed transaction. ``timeout`` bounds the connect and every command
+(smtplib sets it on the socket).
 """
 
 from __future__ import annotations
 
+import re
 import smtplib
 import socket
 import ssl
+import time
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from senddock.durations import parse_duration
@@ -21,12 +24,19 @@ from senddock.outcome import Message, SendResult
 
 TRANSPORT = "smtp"
 _STATE_KEY = "senddock_smtp.connection"
+# A connection idle this long is closed and a fresh one opened: relays drop idle sessions (often
+# after a minute or five), and one dropped silently (a NAT, a firewall) would hold the next send
+# for a whole ``timeout`` before it reconnects.
+IDLE_REOPEN = 60.0
+# An addr-spec as senddock stores it (checked at import): written as it is in MAIL and RCPT.
+_PLAIN_ADDRESS = re.compile(r"[^\s<>()\[\],;:\\\"]*@[^\s<>()\[\],;:\\\"]+|")
 
 
 @dataclass
 class _Connection:
     smtp: smtplib.SMTP
     messages: int = 0
+    used_at: float = field(default_factory=time.monotonic)  # opened, or its last transaction began
 
 
 class PhaseError(Exception):
@@ -168,6 +178,9 @@ def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMap
     if held is not None and held.messages >= settings.get("max_messages_per_connection", 100):
         close(worker_state)  # relays limit messages per session; a fresh one avoids their 421
         held = None
+    elif held is not None and time.monotonic() - held.used_at > IDLE_REOPEN:
+        close(worker_state, graceful=False)  # a QUIT to a session dropped silently waits a timeout
+        held = None
     recipient = mime.ascii_address(message.recipient.email)
     if not recipient.isascii():
         # A non-ASCII local part needs SMTPUTF8 (RFC 6531) end to end; this transport does not
@@ -216,11 +229,12 @@ def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMap
 def _transaction(held: _Connection, sender: str, recipient: str, data: bytes) -> SendResult:
     conn = held.smtp
     held.messages += 1
-    code, reply = _step(conn.docmd, "mail", f"FROM:<{sender}>")
+    held.used_at = time.monotonic()
+    code, reply = _step(conn.docmd, "mail", f"FROM:{_envelope_address(sender)}")
     if code >= 400:
         _reset(conn)
         return result_for("mail", code, _text(reply))
-    code, reply = _step(conn.docmd, "rcpt", f"TO:<{recipient}>")
+    code, reply = _step(conn.docmd, "rcpt", f"TO:{_envelope_address(recipient)}")
     if code >= 400:
         _reset(conn)
         return result_for("rcpt", code, _text(reply))
@@ -240,9 +254,16 @@ def _transaction(held: _Connection, sender: str, recipient: str, data: bytes) ->
     return result_for("data", code, _text(reply), ok=True)
 
 
+def _envelope_address(address: str) -> str:
+    """``<address>`` for MAIL or RCPT. A plain addr-spec (what senddock stores) is written as it
+    is: smtplib's mail() and rcpt() parse every address again with email.utils, a tenth of a
+    send's CPU. Anything else (a return_path written with angle brackets or a name, stray spaces)
+    is cleaned up as smtplib always did."""
+    return f"<{address}>" if _PLAIN_ADDRESS.fullmatch(address) else smtplib.quoteaddr(address)
+
+
 def _step(docmd, phase: str, argument: str) -> tuple[int, bytes]:
-    """MAIL or RCPT with an address already in its final form (checked, ASCII): written as is.
-    smtplib's mail() and rcpt() would parse it again with email.utils (a tenth of a send's CPU)."""
+    """MAIL or RCPT, written with docmd (see _envelope_address)."""
     try:
         return docmd(phase, argument)
     except (OSError, smtplib.SMTPServerDisconnected) as exc:
