@@ -99,10 +99,11 @@ class Composer:
         return prepared
 
     def warm_up(self) -> None:
-        """Build and serialise one made-up message (never sent), so what a node's first send would
-        load (email_validator's grammar, the email package's header classes, the DKIM signer) is
-        loaded at start: not by every sender at once, each waiting on the import lock with its send
-        begun (a paced burst then reaches the relay as late as the slowest of them)."""
+        """Build and serialise two made-up messages (never sent), a text one and an HTML-only one,
+        so what a node's first sends would load (email_validator's grammar, inscriptis for the text
+        part of HTML, the email package's header classes, the DKIM signer) is loaded at start: not
+        by every sender at once, each waiting on the import lock with its send begun (a paced burst
+        then reaches the relay as late as the slowest of them)."""
         body = "Hello {{ subscriber.name }}"
         for text, html in ((body, None), (None, f"<p>{body}</p>")):  # an HTML-only one: its text part too
             content = CampaignContent(0, "warm-up", body, "warm-up@example.com", text_body=text, html_body=html,
