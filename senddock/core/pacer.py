@@ -37,11 +37,18 @@ class Admission:
 
 class Pacer:
     """Takes from shared limits on one connection (autocommit, or inside a READ COMMITTED
-    transaction: the rows stay locked until it ends, so keep it short)."""
+    transaction: the rows stay locked until it ends, so keep it short).
 
-    def __init__(self, conn: psycopg.Connection, adaptive: Adaptive | None = None) -> None:
+    ``latency_margin`` (seconds) comes off every limit's burst tolerance. A limit bounds sends as
+    they begin; the relay counts them as they arrive. When a burst's sends reach it up to m seconds
+    later than the steady sends after them, any second at the relay holds the sends begun over
+    1 + m seconds: rate * m more than rate + burst, unless the burst is that much smaller."""
+
+    def __init__(self, conn: psycopg.Connection, adaptive: Adaptive | None = None,
+                 latency_margin: float = 0.0) -> None:
         self.conn = conn
         self.adaptive = adaptive  # None: throttling changes nothing, and factors are not read
+        self.latency_margin = latency_margin
 
     def take(self, limits: Sequence[Limit], n: int = 1) -> Admission:
         """Admit up to ``n`` sends under every one of ``limits`` at once."""
@@ -55,7 +62,7 @@ class Pacer:
         params = {
             "keys": keys,
             "intervals": [limit.rate.interval for limit in limits],
-            "tolerances": [limit.rate.tolerance for limit in limits],
+            "tolerances": [limit.rate.tolerance_within(self.latency_margin) for limit in limits],
             "n": n,
             "recovery": None if self.adaptive is None else self.adaptive.recovery,
         }

@@ -108,7 +108,7 @@ class PacingGate:
 
     def _admit(self, queue: Queue, token: uuid.UUID, groups: dict[tuple[Limit, ...], list[ClaimedJob]],
                room: dict[str, int]) -> list[ClaimedJob]:
-        pacer = Pacer(queue.conn, self._pacing.adaptive)
+        pacer = Pacer(queue.conn, self._pacing.adaptive, self._pacing.latency_margin)
         admitted: list[ClaimedJob] = []
         held: list[tuple[ClaimedJob, datetime]] = []
         for limits, group in groups.items():

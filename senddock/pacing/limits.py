@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from senddock.durations import parse_duration
 from senddock.pacing.adaptive import Adaptive, adaptive_problems, adaptive_settings
 from senddock.pacing.rates import Rate, parse_rate, rate_problem
 
@@ -43,6 +44,8 @@ class PacingSettings:
     transports: Mapping[str, Rate] = field(default_factory=dict)
     domains: tuple[DomainGroup, ...] = ()
     adaptive: Adaptive | None = None  # None: throttling replies leave the rates alone
+    # Seconds of every limit's burst kept back for sends that reach the relay late (see Pacer).
+    latency_margin: float = 0.0
 
     def group_for(self, domain: str) -> DomainGroup | None:
         """The first group matching the recipient domain ``domain``: groups are matched in order."""
@@ -111,6 +114,7 @@ def pacing_settings(section: Mapping[str, Any]) -> PacingSettings:
             for group in section["domains"]
         ),
         adaptive=adaptive_settings(section["adaptive"]),
+        latency_margin=parse_duration(section["latency_margin"]),
     )
 
 

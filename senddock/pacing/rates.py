@@ -34,6 +34,19 @@ class Rate:
         """Seconds the limit may run ahead of the steady pace (GCRA's tau): ``burst`` sends at once."""
         return self.interval * (self.burst - 1)
 
+    def tolerance_within(self, latency_margin: float) -> float:
+        """The tolerance the limiter applies: ``latency_margin`` seconds of it kept back for sends
+        that reach the relay late (``pacing.latency_margin``; see senddock.core.pacer), at most
+        half of it. The other half absorbs the claims' own timing: a take that comes late admits
+        what the limit could have let go meanwhile, up to the tolerance; with none, that time is
+        lost and the rate falls short (a 20/s limit with no tolerance sent 13/s)."""
+        return self.tolerance - min(latency_margin, self.tolerance / 2)
+
+    def at_once(self, latency_margin: float = 0.0) -> int:
+        """Sends a limit that was idle lets go at once, ``latency_margin`` kept back: ``burst``
+        without one. The same 1 µs of slack as the limiter's statement (pacing_take)."""
+        return math.floor((self.tolerance_within(latency_margin) + 1e-6) / self.interval) + 1
+
     def __str__(self) -> str:
         return f"{self.text} (burst {self.burst})"
 

@@ -93,6 +93,19 @@ def test_a_limit_without_a_row_starts_with_its_burst_then_keeps_to_its_rate(pace
     assert limits_row(database_dsn, "campaign:7") == first.at + timedelta(minutes=3)  # nothing admitted, nothing charged
 
 
+def test_the_latency_margin_keeps_part_of_the_burst_back_and_not_the_rate(database_dsn: str):
+    limit = Limit("global", parse_rate("60/s"))
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        pacer = Pacer(conn, latency_margin=0.25)
+        first = pacer.take([limit], 100)
+        assert first.admitted == 45  # 60 less a quarter second's worth
+        # Its burst used up: the next send is one interval on, the rate itself untouched.
+        assert abs((first.next_at - first.at).total_seconds() - 1 / 60) < 2e-6
+        assert limits_row(database_dsn, "global") == first.at + timedelta(seconds=45 / 60)
+        narrow = Pacer(conn, latency_margin=10.0).take([Limit("campaign:3", parse_rate("60/s"))], 100)
+        assert narrow.admitted == 30  # at most half the tolerance is kept back
+
+
 def test_a_send_is_admitted_by_every_limit_or_by_none(pacer: Pacer, database_dsn: str):
     wide, narrow = Limit("global", parse_rate("100/s")), Limit("domain:gmail.com", parse_rate("1/min", burst=2))
     taken = pacer.take([wide, narrow], 10)

@@ -67,6 +67,21 @@ def test_a_rate_gives_the_limiters_interval_and_tolerance():
     assert parse_rate("1/min").tolerance == 0  # burst 1: no send ahead of the pace
 
 
+@pytest.mark.parametrize(("text", "burst", "margin", "at_once"), [
+    ("60/s", None, 0.0, 60),
+    ("60/s", None, 0.25, 45),  # a quarter second's worth kept back
+    ("60/s", 120, 0.25, 105),
+    ("60/s", None, 5.0, 30),  # never more than half the tolerance: the rest absorbs the claims' timing
+    ("20/s", 5, 0.25, 3),
+    ("1/min", 3, 0.25, 2),  # 2 intervals of tolerance less 0.25 s: room for 1 ahead
+    ("1/min", None, 0.25, 1),
+])
+def test_the_latency_margin_comes_off_the_burst(text: str, burst: int | None, margin: float, at_once: int):
+    rate = parse_rate(text, burst)
+    assert rate.at_once(margin) == at_once
+    assert rate.tolerance_within(margin) == pytest.approx(max(rate.tolerance / 2, rate.tolerance - margin))
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("20 per second", "'20 per second' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s"),
     ("20/sec", "'20/sec' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s"),
@@ -133,7 +148,7 @@ def test_the_issues_example_loads_typed(tmp_path: Path):
 
 def test_without_a_pacing_section_nothing_is_limited():
     pacing = load_config(None, environ={}).pacing
-    assert pacing == PacingSettings(global_rate=None, transports={}, domains=(), adaptive=None)
+    assert pacing == PacingSettings(global_rate=None, transports={}, domains=(), adaptive=None, latency_margin=0.25)
     assert limits_for(pacing, transport="smtp", domain="gmail.com", campaign_id=3) == ()
 
 
@@ -179,6 +194,15 @@ pacing:
         "$.pacing.transports.ses_like.burst: 0 is less than the minimum of 1",
         "$.pacing.transports.smtp: '20 per second' is not a rate: write N/s, N/min, N/h or N/day, e.g. 20/s",
     ]
+
+
+def test_the_latency_margin_is_a_duration(tmp_path: Path):
+    assert pacing_of(tmp_path, "pacing: {latency_margin: 0s}\n").latency_margin == 0.0
+    assert pacing_of(tmp_path, "pacing: {latency_margin: 100ms}\n").latency_margin == pytest.approx(0.1)
+    assert config_errors(tmp_path, "pacing: {latency_margin: 1}\n") == [
+        "$.pacing.latency_margin: 1 is not a duration: add a unit, e.g. 1s"]
+    assert config_errors(tmp_path, "pacing: {latency_margin: soon}\n") == [
+        "$.pacing.latency_margin: 'soon' is not a duration (e.g. 30s, 2m, 1h30m)"]
 
 
 def test_what_the_schema_cannot_see_is_refused_too(tmp_path: Path):
