@@ -100,11 +100,15 @@ class RecoveredJob:
     dead_node: str | None
 
 
-def _result_fields(row: ResultRow) -> dict[str, Any]:
-    """One job's element of jobs_record_results' JSON parameter (names as its recordset declares)."""
+def _result_fields(row: ResultRow, tokens: dict[uuid.UUID, str]) -> dict[str, Any]:
+    """One job's element of jobs_record_results' JSON parameter (names as its recordset declares);
+    ``tokens``: claim tokens as text, written once per claim rather than once per job."""
     result = row.result
+    token = tokens.get(row.job.claim_token)
+    if token is None:
+        token = tokens[row.job.claim_token] = str(row.job.claim_token)
     return {
-        "job_id": row.job.id, "claim_token": str(row.job.claim_token), "broadcast_id": row.job.broadcast_id,
+        "job_id": row.job.id, "claim_token": token, "broadcast_id": row.job.broadcast_id,
         "campaign_id": row.job.campaign_id, "email": row.job.email, "attempt": row.attempt,
         "status": result.status, "counts": int(result.counts), "deferred": int(result.deferred),
         "delay": result.delay, "failure_reason": result.failure_reason,
@@ -165,8 +169,9 @@ class Queue:
         start once it returns)."""
         if not rows:
             return GroupCommit({}, frozenset())
+        tokens: dict[uuid.UUID, str] = {}
         params = {
-            "results": json.dumps([_result_fields(r) for r in rows]),
+            "results": json.dumps([_result_fields(r, tokens) for r in rows]),
             "count": len(rows),
             "begin_ids": [j.id for j in begin],
             "begin_tokens": [j.claim_token for j in begin],
