@@ -1,7 +1,8 @@
 """The completer: records the results of many sends in one statement and one commit.
 
 Senders hand each result over and go on to their next send; the completer collects what arrived
-while its last commit ran and commits it all at once (River's batch completer and pgqueuer's
+while its last commit ran (at a high concurrency, what arrives within a few more milliseconds too)
+and commits it all at once (River's batch completer and pgqueuer's
 buffered acknowledgements are the models). A send's slot is given back only once its result has
 committed, so the jobs in doubt after a kill -9 (begun, not recorded) are never more than the
 node's `concurrency`. The same statement marks begun as many jobs of the deck (claimed ahead) as
@@ -41,6 +42,15 @@ log = structlog.get_logger(__name__)
 
 # Results per statement at most: a group commit this big already costs little per result.
 MAX_GROUP = 500
+# With at least LINGER_IN_FLIGHT sends still in flight (a slow relay at a high concurrency), a group
+# waits up to LINGER for more results: the relay stays busy meanwhile, and a commit then carries a
+# dozen results or more rather than two or three (groups that large make the claimer stop using
+# its deck: a claim refills their slots as cheaply, see claimer.MARK_COST). At concurrency 200 and
+# a 50 ms relay this cut Postgres's CPU per message from about 330 to 170 us and sent about 14%
+# more a second; waiting until 8 results (the deck kept) gained nothing measurable. A lower
+# concurrency never waits: its slots are scarce, and a result's slot is free only once committed.
+LINGER = 0.010
+LINGER_IN_FLIGHT = 64
 
 
 @dataclass
@@ -175,7 +185,8 @@ class Completer(threading.Thread):
                 return True
 
     def _collect(self) -> tuple[list[Done], bool]:
-        """Wait for a result, then take everything that has arrived (up to MAX_GROUP)."""
+        """Wait for a result, then take everything that has arrived (up to MAX_GROUP), and what
+        arrives within LINGER while many sends are in flight."""
         group: list[Done] = []
         try:
             first = self._inbox.get(timeout=0.1)
@@ -184,14 +195,25 @@ class Completer(threading.Thread):
         for item in [first]:
             if item.job is not None:
                 group.append(item)
+        until = time.monotonic() + LINGER
         while len(group) < MAX_GROUP:
             try:
                 item = self._inbox.get_nowait()
             except queues.Empty:
-                break
+                left = until - time.monotonic()
+                if left <= 0 or not self._worth_waiting(len(group)):
+                    break
+                try:
+                    item = self._inbox.get(timeout=left)
+                except queues.Empty:
+                    break
             if item.job is not None:
                 group.append(item)
         return group, self._closing.is_set() and self._inbox.empty()
+
+    def _worth_waiting(self, collected: int) -> bool:
+        """Whether to wait for more results before committing (see LINGER)."""
+        return not self._closing.is_set() and self._slots.in_use - collected >= LINGER_IN_FLIGHT
 
     def _commit(self, queue: Queue, group: list[Done]) -> None:
         back = [d.job for d in group if d.row is None]

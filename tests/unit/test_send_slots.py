@@ -6,7 +6,11 @@ import threading
 import time
 import uuid
 
-from senddock.core.inflight import Deck, Slots
+import pytest
+
+from senddock.core import completer as completers
+from senddock.core.completer import Completer, Done
+from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.queue import ClaimedJob
 
 
@@ -68,3 +72,45 @@ def test_a_claimer_waiting_for_a_slot_wakes_when_the_deck_runs_low():
     deck.take(2)  # the completer refilled two slots from the deck: now it is down to half
     thread.join(2.0)
     assert woke and woke[0] < 2.0
+
+
+def completer_with(slots: Slots) -> Completer:
+    """A completer whose grouping alone is used: nothing here reaches a database."""
+    return Completer(None, None, slots=slots, deck=Deck(0, slots), claims=HeldClaims(), aftercare=None,  # type: ignore[arg-type]
+                     lifeline=None, async_results=False, finish_campaigns=lambda queue, ids: None,  # type: ignore[arg-type]
+                     queue_dry=lambda: False)
+
+
+def put_later(completer: Completer, ids: range, after: float) -> threading.Thread:
+    def later() -> None:
+        time.sleep(after)
+        for i in ids:
+            completer.put(Done(job(i)))
+
+    thread = threading.Thread(target=later)
+    thread.start()
+    return thread
+
+
+def test_with_many_sends_in_flight_a_group_waits_for_more_results(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(completers, "LINGER", 1.0)  # far longer than the thread below needs
+    slots = Slots(200)
+    slots.take(200)
+    completer = completer_with(slots)
+    completer.put(Done(job(1)))
+    thread = put_later(completer, range(2, 6), 0.05)
+    group, closed = completer._collect()
+    thread.join()
+    assert [d.job.id for d in group] == [1, 2, 3, 4, 5] and not closed
+
+
+def test_with_few_sends_in_flight_a_group_is_committed_at_once(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(completers, "LINGER", 1.0)
+    slots = Slots(50)
+    slots.take(50)  # the default concurrency: its slots are scarce, nothing waits
+    completer = completer_with(slots)
+    completer.put(Done(job(1)))
+    thread = put_later(completer, range(2, 6), 0.2)
+    group, _ = completer._collect()
+    thread.join()
+    assert [d.job.id for d in group] == [1]
