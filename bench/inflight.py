@@ -7,7 +7,9 @@ delivering to one `senddock sink` process (optionally answering DATA after a del
 The comparison points of issue 14: with no delay, a relay-bound loop on the same number of SMTP
 connections; with `--delay 50ms` (a real relay's latency), how far sends in flight scale with C.
 The bare side is a script with no queue at all: C threads, one SMTP connection each reused for the
-whole run, sending messages built before the clock starts. The senddock side drains a campaign of
+whole run, sending messages built before the clock starts: senddock's own bytes for the same
+recipients (its composer's, as the senddock side sends them), since the relay parses each message's
+headers and a message with fewer would cost it less. The senddock side drains a campaign of
 the same number of one-word messages with `concurrency: C` (`workers: C` on an install whose config
 schema has no `concurrency` yet, i.e. before issue 14's engine, so one command measures before and
 after; `--workers` is the same option), while a sampler reads `pg_stat_activity` of the scratch
@@ -59,11 +61,15 @@ from common import (
     reset_jobs,
     scratch_database,
 )
-from smtp_drain import bare_loop, prebuild
+from smtp_drain import bare_loop, shares
 
 from senddock.cli.logs import configure_logging
+from senddock.config import Config
 from senddock.core.runner import Runner
 from senddock.durations import parse_duration
+from senddock.mail import mime
+from senddock.mail.compose import Composer
+from senddock.outcome import CampaignContent, Recipient
 
 POOL_LIMIT = 10  # database.pool_size's default: the most sessions issue 14 lets a node hold, lifeline included
 
@@ -117,6 +123,25 @@ class Side:
     smtp_connections: int | None = None  # SMTP sessions that delivered, as the sink counted them
 
 
+def senddock_messages(config: Config, messages: int, workers: int) -> list[list[tuple[str, bytes]]]:
+    """The bare side's messages, per thread: the bytes senddock sends for the same campaign (common.enqueue's
+    one-word text) to the same recipients (common.fill_list's), built by its composer before the clock
+    starts. The relay parses every message's headers, so the two sides give it the same work."""
+    composer = Composer(config)
+    prepared = composer.prepare(CampaignContent(1, "bench", "Hi", "bench@example.com", text_body="Hello",
+                                                html_body=None, list_name="bench"))
+    built, i = [], 0
+    for count in shares(messages, workers):
+        mine = []
+        for _ in range(count):
+            i += 1
+            message = composer.message(prepared, Recipient(f"user{i}@example{i % 50}.com", f"User {i}", {}, i),
+                                       job_id=i, broadcast_id=1, attempt=1)
+            mine.append((message.recipient.email, mime.message_bytes(message)))
+        built.append(mine)
+    return built
+
+
 def run_senddock(config, timeout: float) -> str | None:
     """Runner.run() with a deadline; the error that stopped it, or None."""
     runner = Runner(config, exit_when_idle=True)
@@ -143,7 +168,9 @@ def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int,
     sink = SinkProcess(delay)
     try:
         if side == "bare":
-            prebuilt = prebuild(messages, workers)  # outside the clock: the loop only sends
+            config = bench_config(dsn, folder, {"transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port,
+                                                                              "security": "none"}})
+            prebuilt = senddock_messages(config, messages, workers)  # outside the clock: the loop only sends
             started, machine, own, sink_cpu = time.perf_counter(), machine_cpu(), time.process_time(), sink.cpu()
             bare_loop(sink.port, messages, workers, prebuilt)
             result = Side(time.perf_counter() - started, machine_cpu() - machine,
