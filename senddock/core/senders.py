@@ -53,6 +53,7 @@ class Senders:
         self._closed = False  # stop() was called: a job handed over now goes back unstarted
         self._lock = threading.Lock()
         self._starting = size  # threads whose worker_started hook has not returned yet
+        self._in_hook: set[str] = set()  # their names, while they are in it
         self._started = threading.Condition()
         self._threads = [threading.Thread(target=self._run, name=f"senddock-sender-{i}", daemon=True)
                          for i in range(size)]
@@ -87,9 +88,14 @@ class Senders:
         for job, claimed_at in jobs:
             self.submit(Dispatch(job, claimed_at))
 
+    def still_starting(self) -> list[str]:
+        """Threads still in their worker_started hook (a transport still opening its connection)."""
+        with self._started:
+            return sorted(self._in_hook)
+
     def stop(self, deadline: float) -> list[str]:
         """Let the sends in flight finish (jobs not started go back); returns the threads still
-        sending at the deadline."""
+        busy at the deadline (sending, or still in worker_started: see still_starting)."""
         with self._lock:
             # Every job handed over before this is taken before any thread's None (one queue, in order).
             self._closed = True
@@ -120,12 +126,16 @@ class Senders:
 
     def _prepare(self, state: dict[str, Any]) -> None:
         """The worker_started hook (a transport opens its connection ahead), then ready."""
+        name = threading.current_thread().name
+        with self._started:
+            self._in_hook.add(name)
         try:
             self.pm.hook.worker_started(worker_state=state, config=self.config)
         except Exception as exc:
             log.error("plugin_failed", hook="worker_started", error=repr(exc))
         finally:
             with self._started:
+                self._in_hook.discard(name)
                 self._starting -= 1
                 self._started.notify_all()
 

@@ -263,6 +263,43 @@ def test_a_worker_started_hook_that_raises_leaves_every_sender_sending(make_conf
     app.close()
 
 
+def test_a_stop_while_senders_are_still_starting_names_them_apart(make_config, smtp_sink, tmp_path: Path,
+                                                                     monkeypatch):
+    """A node told to stop while its senders are still in worker_started (a transport opening its
+    connection to a relay that does not answer) began no send: the shutdown_timeout line names
+    those threads as still starting, not as sends cut off."""
+    import threading
+    import time
+
+    from structlog.testing import capture_logs
+
+    from tests_support import running_node
+
+    plugin = tmp_path / "plugin_site" / "acme_slow_start.py"
+    plugin.parent.mkdir()
+    release = tmp_path / "release"
+    plugin.write_text("import os, time\nfrom senddock import hookimpl\n\n@hookimpl\ndef worker_started(worker_state):\n"
+                      f"    while not os.path.exists({str(release)!r}):\n        time.sleep(0.02)\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(plugin.parent))
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=2, shutdown_timeout="300ms",
+                                             plugins={"load": ["acme_slow_start"]})))
+    try:
+        with capture_logs() as logs:
+            with running_node(app.config) as runner:
+                deadline = time.monotonic() + 10
+                while runner.senders is None or len(runner.senders.still_starting()) < 2:
+                    assert time.monotonic() < deadline, "the senders never started"
+                    time.sleep(0.02)
+                # Released only once the node has given up on them (its stop below times out first).
+                threading.Timer(2.0, release.touch).start()
+        [line] = [entry for entry in logs if entry["event"] == "shutdown_timeout"]
+        assert line["senders"] == []
+        assert line["in_worker_started"] == ["senddock-sender-0", "senddock-sender-1"]
+    finally:
+        release.touch()
+        app.close()
+
+
 def test_due_retries_are_claimed_before_pending_jobs(senddock_app, database_dsn):
     make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(20)])
     with psycopg.connect(database_dsn, autocommit=True) as conn:
