@@ -195,7 +195,8 @@ def _read_body(path: str | None, option: str) -> str | None:
         raise InvalidInput(f"{option} {path}: not UTF-8 text") from None
 
 
-BURST_HELP = "sends that may leave at once after an idle spell (default: one second's worth, at least 1)"
+BURST_HELP = ("sends that may leave at once after an idle spell (default: one second's worth, at least 1), "
+              "less what pacing.latency_margin keeps back")
 
 
 def add_rate_options(p: argparse.ArgumentParser, *, none_removes: bool = False) -> None:

@@ -44,8 +44,8 @@ class PacingSettings:
     transports: Mapping[str, Rate] = field(default_factory=dict)
     domains: tuple[DomainGroup, ...] = ()
     adaptive: Adaptive | None = None  # None: throttling replies leave the rates alone
-    # Seconds of every limit's burst kept back for sends that reach the relay late (see Pacer).
-    latency_margin: float = 0.0
+    # How late a send may reach the relay: what every limit's burst keeps back for it (see Pacer).
+    latency_margin: float = 0.25  # the config's default
 
     def group_for(self, domain: str) -> DomainGroup | None:
         """The first group matching the recipient domain ``domain``: groups are matched in order."""

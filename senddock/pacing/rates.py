@@ -2,7 +2,8 @@
 
 A rate is kept as the two numbers the limiter needs (GCRA): the emission interval ``T`` between
 two sends at the steady pace, and the burst tolerance ``tau = T * (burst - 1)``: how far ahead of
-the steady pace a limit that was idle may run, so ``burst`` sends can leave at once.
+the steady pace a limit that was idle may run, so ``burst`` sends can leave at once, less what
+``pacing.latency_margin`` keeps back (``Rate.tolerance_within``).
 """
 
 from __future__ import annotations
@@ -31,20 +32,28 @@ class Rate:
 
     @property
     def tolerance(self) -> float:
-        """Seconds the limit may run ahead of the steady pace (GCRA's tau): ``burst`` sends at once."""
+        """Seconds the limit may run ahead of the steady pace (GCRA's tau): ``burst`` sends at once
+        (as configured; the limiter applies ``tolerance_within``)."""
         return self.interval * (self.burst - 1)
 
     def tolerance_within(self, latency_margin: float) -> float:
-        """The tolerance the limiter applies: ``latency_margin`` seconds of it kept back for sends
-        that reach the relay late (``pacing.latency_margin``; see senddock.core.pacer), at most
-        half of it. The other half absorbs the claims' own timing: a take that comes late admits
-        what the limit could have let go meanwhile, up to the tolerance; with none, that time is
-        lost and the rate falls short (a 20/s limit with no tolerance sent 13/s)."""
-        return self.tolerance - min(latency_margin, self.tolerance / 2)
+        """The tolerance the limiter applies, with what a relay that gets sends up to
+        ``latency_margin`` seconds late needs kept back (``pacing.latency_margin``; see
+        senddock.core.pacer): GCRA begins at most ``floor((w + tau) / T) + 1`` sends over any w
+        seconds, so over 1 + m seconds ``floor((1 + m) * rate) - floor(rate)`` intervals of tau
+        come off. None for a slow limit (at 1/min the extra quarter second holds no send) or a
+        burst of 1.
+
+        At most half the tolerance, though: the rest absorbs the claims' own timing (a take that
+        comes late admits what the limit could have let go meanwhile, up to the tolerance; with
+        none, that time is lost and the rate falls short: a 20/s limit with none left sent about
+        13/s). A burst under ``2 * kept + 1`` therefore keeps back less than it needs."""
+        kept = math.floor((1 + latency_margin) * self.per_second + 1e-9) - math.floor(self.per_second + 1e-9)
+        return self.tolerance - min(kept * self.interval, self.tolerance / 2)
 
     def at_once(self, latency_margin: float = 0.0) -> int:
-        """Sends a limit that was idle lets go at once, ``latency_margin`` kept back: ``burst``
-        without one. The same 1 µs of slack as the limiter's statement (pacing_take)."""
+        """Sends a limit that was idle lets go at once, what ``latency_margin`` needs kept back:
+        ``burst`` without one. The same 1 µs of slack as the limiter's statement (pacing_take)."""
         return math.floor((self.tolerance_within(latency_margin) + 1e-6) / self.interval) + 1
 
     def __str__(self) -> str:

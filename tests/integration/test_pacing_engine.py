@@ -189,3 +189,32 @@ def test_throttling_replies_halve_a_groups_rate_which_recovers_slowly(make_confi
     with app.db.connection() as conn:
         assert conn.execute("SELECT max(attempts) FROM broadcast_jobs").fetchone() == (1,)
     app.close()
+
+
+def test_the_gate_keeps_the_latency_margin_back_from_an_idle_limits_burst(make_config, database_dsn):
+    """The claimer's gate takes with the config's `pacing.latency_margin`: of 100 jobs claimed for
+    an idle `global: 60/s` (burst 60), 45 may begin at once with the default 250 ms, 60 with 0s;
+    the rest go back as retries, no attempt spent."""
+    import uuid
+
+    import psycopg
+
+    from senddock.core.pacing_gate import PacingGate
+    from senddock.core.queue import Queue
+    from tests_support import register
+
+    admitted = {}
+    for margin in ("250ms", "0s"):
+        app = Senddock(make_config(fast_settings(pacing={"global": "60/s", "latency_margin": margin})))
+        make_broadcast(app, [f"user{i}@example.com" for i in range(100)])
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            conn.execute("DELETE FROM pacing_limits")  # each margin starts from an idle limit
+            queue = Queue(conn, register(conn, f"gate-{margin}"))
+            token = uuid.uuid4()
+            jobs = queue.claim(100, token, begun=False)
+            admitted[margin] = len(PacingGate(app.config.pacing, "smtp").admit(queue, token, jobs))
+            held = conn.execute("SELECT count(*), max(attempts) FROM broadcast_jobs WHERE id = ANY(%s) "
+                                "AND status = 'retry' AND claim_token IS NULL", ([j.id for j in jobs],)).fetchone()
+        assert held == (100 - admitted[margin], 0)
+        app.close()
+    assert admitted == {"250ms": 45, "0s": 60}
