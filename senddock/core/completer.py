@@ -43,12 +43,16 @@ log = structlog.get_logger(__name__)
 # Results per statement at most: a group commit this big already costs little per result.
 MAX_GROUP = 500
 # With at least LINGER_IN_FLIGHT sends still in flight (a slow relay at a high concurrency), a group
-# waits up to LINGER for more results: the relay stays busy meanwhile, and a commit then carries a
-# dozen results or more rather than two or three (groups that large make the claimer stop using
-# its deck: a claim refills their slots as cheaply, see claimer.MARK_COST). At concurrency 200 and
-# a 50 ms relay this cut Postgres's CPU per message from about 330 to 170 us and sent about 14%
-# more a second; waiting until 8 results (the deck kept) gained nothing measurable. A lower
+# of deliveries waits up to LINGER for more results: the relay stays busy meanwhile, and a commit
+# then carries a dozen results or more rather than two or three (groups that large make the
+# claimer stop using its deck: a claim refills their slots as cheaply, see claimer.MARK_COST). At
+# concurrency 200 and a 50 ms relay this cut Postgres's CPU per message from about 330 to 170 us
+# (a /tmp script's alternating runs sent 14% more on average; bench/inflight.py could not tell it
+# from the noise); waiting until 8 results (the deck kept) gained nothing measurable. A lower
 # concurrency never waits: its slots are scarce, and a result's slot is free only once committed.
+# Just above 64 the wait holds slots for up to 10 ms too, which costs nothing while the node is
+# bound by its CPU or the relay rather than by its slots (64 sends in flight to a 50 ms relay are
+# 1,280 a second, more than a node sends on 2 cores).
 LINGER = 0.010
 LINGER_IN_FLIGHT = 64
 
@@ -192,28 +196,34 @@ class Completer(threading.Thread):
             first = self._inbox.get(timeout=0.1)
         except queues.Empty:
             return group, self._closing.is_set() and self._inbox.empty()
-        for item in [first]:
+        item = first
+        until = time.monotonic() + LINGER
+        delivered = True  # every result in the group so far is a delivery
+        while True:
             if item.job is not None:
                 group.append(item)
-        until = time.monotonic() + LINGER
-        while len(group) < MAX_GROUP:
+                delivered = delivered and item.row is not None and item.row.result.outcome == "sent"
+            if len(group) >= MAX_GROUP:
+                break
             try:
                 item = self._inbox.get_nowait()
+                continue
             except queues.Empty:
-                left = until - time.monotonic()
-                if left <= 0 or not self._worth_waiting(len(group)):
-                    break
-                try:
-                    item = self._inbox.get(timeout=left)
-                except queues.Empty:
-                    break
-            if item.job is not None:
-                group.append(item)
+                pass
+            left = until - time.monotonic()
+            if left <= 0 or not self._worth_waiting(len(group), delivered):
+                break
+            try:
+                item = self._inbox.get(timeout=left)
+            except queues.Empty:
+                break
         return group, self._closing.is_set() and self._inbox.empty()
 
-    def _worth_waiting(self, collected: int) -> bool:
-        """Whether to wait for more results before committing (see LINGER)."""
-        return not self._closing.is_set() and self._slots.in_use - collected >= LINGER_IN_FLIGHT
+    def _worth_waiting(self, collected: int, delivered: bool) -> bool:
+        """Whether to wait for more results before committing (see LINGER): never when stopping,
+        nor for a group with anything but deliveries in it (a failure may trip a breaker, a pause
+        outcome pauses its campaign: both must commit before more of the campaign begins)."""
+        return delivered and not self._closing.is_set() and self._slots.in_use - collected >= LINGER_IN_FLIGHT
 
     def _commit(self, queue: Queue, group: list[Done]) -> None:
         back = [d.job for d in group if d.row is None]

@@ -305,13 +305,11 @@ class Runner:
         if self.claimer is not None:
             self.claimer.join(max(0.0, deadline - time.monotonic()))
         if self.senders is not None:
-            stuck = self.senders.stop(deadline)
-            if stuck:
+            sending, starting = self.senders.stop(deadline)
+            if sending or starting:
                 # A thread still in worker_started (a relay that does not answer its connect) never
                 # began a send: said apart, so the line does not suggest sends were cut off.
-                starting = set(self.senders.still_starting())
-                log.error("shutdown_timeout", senders=[s for s in stuck if s not in starting],
-                          in_worker_started=sorted(starting & set(stuck)))
+                log.error("shutdown_timeout", senders=sending, in_worker_started=starting)
         if self.completer is not None:
             self.completer.close()
             self.completer.join(max(5.0, deadline - time.monotonic()))

@@ -93,9 +93,10 @@ class Senders:
         with self._started:
             return sorted(self._in_hook)
 
-    def stop(self, deadline: float) -> list[str]:
+    def stop(self, deadline: float) -> tuple[list[str], list[str]]:
         """Let the sends in flight finish (jobs not started go back); returns the threads still
-        busy at the deadline (sending, or still in worker_started: see still_starting)."""
+        busy at the deadline: those sending (or in worker_stopped), and those still in
+        worker_started, which never began a send. One snapshot, so no thread is in both."""
         with self._lock:
             # Every job handed over before this is taken before any thread's None (one queue, in order).
             self._closed = True
@@ -103,7 +104,10 @@ class Senders:
                 self._jobs.put(None)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return [t.name for t in self._threads if t.is_alive()]
+        with self._started:  # a thread leaves worker_started under this lock: the two lists agree
+            starting = set(self._in_hook)
+            stuck = [t.name for t in self._threads if t.is_alive()]
+        return [name for name in stuck if name not in starting], sorted(starting & set(stuck))
 
     def _run(self) -> None:
         state: dict[str, Any] = {}

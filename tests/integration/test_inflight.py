@@ -92,14 +92,14 @@ def test_a_node_uses_at_most_pool_size_connections_whatever_its_concurrency(make
 
 
 @pytest.mark.parametrize("concurrency", [200, 40])
-def test_kill_9_with_200_sends_in_flight_loses_nothing_and_lists_every_duplicate(
+def test_kill_9_with_many_sends_in_flight_loses_nothing_and_lists_every_duplicate(
         make_config, database_dsn, smtp_sink, tmp_path: Path, concurrency: int):
-    """Killed while 200 sends are in flight to a relay that takes 50 ms a message: nobody is
+    """Killed while 200 (or 40) sends are in flight to a relay that takes 50 ms a message: nobody is
     dropped, every duplicate is listed in doubt, and each kill leaves at most `concurrency` jobs in
     doubt (begun and not recorded). The jobs the node had claimed ahead (its deck, never begun) go
-    back as they were: none of them is recorded in doubt for that kill. At concurrency 40 too:
-    there the node refills slots from its deck (at 200 its result groups are large enough that
-    claims refill them, see completer.LINGER), so jobs are on the deck at the kills."""
+    back as they were: none of them is recorded in doubt for that kill. At concurrency 40 the node
+    refills slots from its deck, so jobs are on the deck at the kills; at 200 its result groups are
+    large enough that claims refill them (see completer.LINGER), and a deck is not required."""
     smtp_sink.handler.delay = 0.05
     settings = fast_settings(smtp_sink.port, concurrency=concurrency,
                              recovery={"heartbeat": "200ms", "lease": "3s", "max_rescues": 50})

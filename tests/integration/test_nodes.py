@@ -268,9 +268,6 @@ def test_a_stop_while_senders_are_still_starting_names_them_apart(make_config, s
     """A node told to stop while its senders are still in worker_started (a transport opening its
     connection to a relay that does not answer) began no send: the shutdown_timeout line names
     those threads as still starting, not as sends cut off."""
-    import threading
-    import time
-
     from structlog.testing import capture_logs
 
     from tests_support import running_node

@@ -1,4 +1,4 @@
-"""The node's send slots and its deck (jobs claimed ahead), without a database."""
+"""The node's send slots, its deck (jobs claimed ahead) and how its completer groups results, without a database."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from senddock.core import completer as completers
 from senddock.core.completer import Completer, Done
 from senddock.core.inflight import Deck, HeldClaims, Slots
-from senddock.core.queue import ClaimedJob
+from senddock.core.queue import ClaimedJob, JobResult, ResultRow
 
 
 def job(job_id: int, send_rate: str | None = None) -> ClaimedJob:
@@ -81,11 +81,20 @@ def completer_with(slots: Slots) -> Completer:
                      queue_dry=lambda: False)
 
 
+SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True)
+RETRY = JobResult(status="retry", outcome="retry", counts=True, delay=1.0)
+
+
+def result(job_id: int, outcome: JobResult = SENT) -> Done:
+    sent = job(job_id)
+    return Done(sent, ResultRow(sent, 1, None, outcome))
+
+
 def put_later(completer: Completer, ids: range, after: float) -> threading.Thread:
     def later() -> None:
         time.sleep(after)
         for i in ids:
-            completer.put(Done(job(i)))
+            completer.put(result(i))
 
     thread = threading.Thread(target=later)
     thread.start()
@@ -97,11 +106,38 @@ def test_with_many_sends_in_flight_a_group_waits_for_more_results(monkeypatch: p
     slots = Slots(200)
     slots.take(200)
     completer = completer_with(slots)
-    completer.put(Done(job(1)))
+    completer.put(result(1))
     thread = put_later(completer, range(2, 6), 0.05)
     group, closed = completer._collect()
     thread.join()
     assert [d.job.id for d in group] == [1, 2, 3, 4, 5] and not closed
+
+
+@pytest.mark.parametrize("first", [result(1, RETRY), Done(job(1))], ids=["a failure", "a job put back"])
+def test_a_group_with_anything_but_deliveries_is_committed_at_once(monkeypatch: pytest.MonkeyPatch, first: Done):
+    # A failure may trip a breaker, which must pause its campaign before more of it begins.
+    monkeypatch.setattr(completers, "LINGER", 1.0)
+    slots = Slots(200)
+    slots.take(200)
+    completer = completer_with(slots)
+    completer.put(first)
+    thread = put_later(completer, range(2, 6), 0.2)
+    group, _ = completer._collect()
+    thread.join()
+    assert [d.job.id for d in group] == [1]
+
+
+def test_a_stopping_completer_commits_at_once(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(completers, "LINGER", 1.0)
+    slots = Slots(200)
+    slots.take(200)
+    completer = completer_with(slots)
+    completer.put(result(1))
+    completer.close()
+    thread = put_later(completer, range(2, 6), 0.2)
+    group, closed = completer._collect()
+    thread.join()
+    assert [d.job.id for d in group] == [1] and closed
 
 
 def test_with_few_sends_in_flight_a_group_is_committed_at_once(monkeypatch: pytest.MonkeyPatch):
@@ -109,7 +145,7 @@ def test_with_few_sends_in_flight_a_group_is_committed_at_once(monkeypatch: pyte
     slots = Slots(50)
     slots.take(50)  # the default concurrency: its slots are scarce, nothing waits
     completer = completer_with(slots)
-    completer.put(Done(job(1)))
+    completer.put(result(1))
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
