@@ -48,8 +48,9 @@ def test_sampler_reports_the_peak_sessions_per_application_and_their_cpu(databas
     assert seen.peak_by_application == {"before": 1, "a": 3, "b": 2, "c": 1}
     assert seen.samples >= 3
     # The query inside costs about a fifth of the one before; counting that one too would pass it.
+    # The lower bound only says it was counted at all: on a busy machine it measured under a tenth.
     assert before is not None and seen.backend_cpu is not None
-    assert before / 10 <= seen.backend_cpu <= before / 2, (before, seen.backend_cpu)
+    assert before / 20 <= seen.backend_cpu <= before / 2, (before, seen.backend_cpu)
 
 
 def test_sink_process_takes_200_connections_at_once_with_a_delay():

@@ -268,8 +268,10 @@ def test_a_stop_while_senders_are_still_starting_names_them_apart(make_config, s
     """A node told to stop while its senders are still in worker_started (a transport opening its
     connection to a relay that does not answer) began no send: the shutdown_timeout line names
     those threads as still starting, not as sends cut off."""
+    import structlog
     from structlog.testing import capture_logs
 
+    from senddock.core import runner as runner_module
     from tests_support import running_node
 
     plugin = tmp_path / "plugin_site" / "acme_slow_start.py"
@@ -281,19 +283,20 @@ def test_a_stop_while_senders_are_still_starting_names_them_apart(make_config, s
     app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=2, shutdown_timeout="300ms",
                                              plugins={"load": ["acme_slow_start"]})))
     try:
-        with capture_logs() as logs:
+        # A fresh logger: the runner's may be bound already (logging is cached once configured).
+        with capture_logs() as logs, monkeypatch.context() as patch:
+            patch.setattr(runner_module, "log", structlog.get_logger(runner_module.__name__))
             with running_node(app.config) as runner:
                 deadline = time.monotonic() + 10
                 while runner.senders is None or len(runner.senders.still_starting()) < 2:
                     assert time.monotonic() < deadline, "the senders never started"
                     time.sleep(0.02)
-                # Released only once the node has given up on them (its stop below times out first).
-                threading.Timer(2.0, release.touch).start()
+                # Released only after the node has stopped (below): its stop gives up on them first.
         [line] = [entry for entry in logs if entry["event"] == "shutdown_timeout"]
         assert line["senders"] == []
         assert line["in_worker_started"] == ["senddock-sender-0", "senddock-sender-1"]
     finally:
-        release.touch()
+        release.touch()  # the stuck threads go on, and find the node stopped
         app.close()
 
 
