@@ -85,7 +85,7 @@ class SinkHandler:
     save_dir: Path | None = None
     on_message: Callable[[Received], None] | None = None
     received: list[Received] = field(default_factory=list)
-    greeted: list[tuple] = field(default_factory=list)  # the peer (host, port) of each EHLO
+    greeted: set[tuple] = field(default_factory=set)  # the peer (host, port) of each session that said EHLO
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _rule(self, phase: str, address: str) -> str | None:
@@ -95,13 +95,13 @@ class SinkHandler:
                           responses: list[str]) -> list[str]:
         session.host_name = hostname
         with self._lock:
-            self.greeted.append(tuple(session.peer or ()))
+            self.greeted.add(tuple(session.peer or ()))
         return responses
 
     def sessions(self) -> set[tuple]:
         """The client ends (host, port) of the sessions that said EHLO: one per SMTP connection."""
         with self._lock:
-            return set(self.greeted)
+            return set(self.greeted)  # a copy: the sink goes on adding
 
     async def handle_MAIL(self, server: SMTP, session: Session, envelope: Envelope, address: str, options) -> str:
         reply = self._rule("mail", address)

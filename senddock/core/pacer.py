@@ -39,10 +39,10 @@ class Pacer:
     """Takes from shared limits on one connection (autocommit, or inside a READ COMMITTED
     transaction: the rows stay locked until it ends, so keep it short).
 
-    ``latency_margin`` (seconds) comes off every limit's burst tolerance. A limit bounds sends as
-    they begin; the relay counts them as they arrive. When a burst's sends reach it up to m seconds
-    later than the steady sends after them, any second at the relay holds the sends begun over
-    1 + m seconds: rate * m more than rate + burst, unless the burst is that much smaller."""
+    A limit bounds sends as they begin; the relay counts them as they arrive. ``latency_margin``
+    (seconds): how much later than the steady sends after them a burst's sends may reach the
+    relay; each limit's tolerance keeps back what that would let a relay's second hold beyond
+    rate + burst (``Rate.tolerance_within``)."""
 
     def __init__(self, conn: psycopg.Connection, adaptive: Adaptive | None = None,
                  latency_margin: float = 0.0) -> None:

@@ -52,11 +52,10 @@ class Senders:
         self._jobs: queues.SimpleQueue[Dispatch | None] = queues.SimpleQueue()
         self._closed = False  # stop() was called: a job handed over now goes back unstarted
         self._lock = threading.Lock()
-        self._starting = size  # threads whose worker_started hook has not returned yet
-        self._in_hook: set[str] = set()  # their names, while they are in it
         self._started = threading.Condition()
         self._threads = [threading.Thread(target=self._run, name=f"senddock-sender-{i}", daemon=True)
                          for i in range(size)]
+        self._starting = {t.name for t in self._threads}  # threads whose worker_started has not returned
 
     def start(self) -> None:
         for thread in self._threads:
@@ -72,7 +71,7 @@ class Senders:
                 if left <= 0:
                     break
                 self._started.wait(min(left, 0.1))  # the stop is an event of its own: look at it often
-            return self._starting == 0
+            return not self._starting
 
     def submit(self, dispatch: Dispatch) -> None:
         with self._lock:
@@ -89,9 +88,9 @@ class Senders:
             self.submit(Dispatch(job, claimed_at))
 
     def still_starting(self) -> list[str]:
-        """Threads still in their worker_started hook (a transport still opening its connection)."""
+        """Threads whose worker_started hook has not returned (a transport still opening its connection)."""
         with self._started:
-            return sorted(self._in_hook)
+            return sorted(self._starting)
 
     def stop(self, deadline: float) -> tuple[list[str], list[str]]:
         """Let the sends in flight finish (jobs not started go back); returns the threads still
@@ -105,7 +104,7 @@ class Senders:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         with self._started:  # a thread leaves worker_started under this lock: the two lists agree
-            starting = set(self._in_hook)
+            starting = set(self._starting)
             stuck = [t.name for t in self._threads if t.is_alive()]
         return [name for name in stuck if name not in starting], sorted(starting & set(stuck))
 
@@ -130,17 +129,13 @@ class Senders:
 
     def _prepare(self, state: dict[str, Any]) -> None:
         """The worker_started hook (a transport opens its connection ahead), then ready."""
-        name = threading.current_thread().name
-        with self._started:
-            self._in_hook.add(name)
         try:
             self.pm.hook.worker_started(worker_state=state, config=self.config)
         except Exception as exc:
             log.error("plugin_failed", hook="worker_started", error=repr(exc))
         finally:
             with self._started:
-                self._in_hook.discard(name)
-                self._starting -= 1
+                self._starting.discard(threading.current_thread().name)
                 self._started.notify_all()
 
     def _send(self, dispatch: Dispatch, state: dict[str, Any]) -> Done:
