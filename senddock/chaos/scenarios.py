@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from senddock.chaos.lab import GENERIC_550, wait_until
+from senddock.core.inflight import RUNWAY
 from senddock.chaos.stage import Options, Row, Stage, median
 from senddock.testing import crash_postgres, restart_postgres
 
@@ -42,7 +43,7 @@ def kills(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> No
     if row.faults < options.kills:
         row.problems.append(f"only {row.faults} of {options.kills} kills landed before the broadcast ended "
                             "(raise --recipients)")
-    row.allowed_duplicates = row.faults * options.workers  # at most `concurrency` in doubt per kill
+    row.allowed_duplicates = row.faults * RUNWAY * options.workers  # at most its slots in doubt per kill
     outcome = stage.await_end()
     row.details.update({"kills": row.faults, "jobs_in_flight_at_kills": sum(in_flight), "end": outcome})
     # Time to resume: from a restart (Popen) to the relay's first message sent by that incarnation.

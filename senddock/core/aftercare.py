@@ -19,6 +19,7 @@ import structlog
 from senddock.config import Config
 from senddock.core.breaker import FailureRuns
 from senddock.core.db import Database
+from senddock.core.inflight import Halts
 from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
 from senddock.core.suppressions import Suppressions
 from senddock.observe.node_metrics import NodeMetrics
@@ -54,7 +55,7 @@ class Committed:
 
 class Aftercare(threading.Thread):
     def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., Queue], stats: RunStats,
-                 metrics: NodeMetrics | None = None) -> None:
+                 metrics: NodeMetrics | None = None, halts: Halts | None = None) -> None:
         super().__init__(name="senddock-aftercare", daemon=True)
         self.config = config
         self.pm = config.plugin_manager
@@ -64,6 +65,7 @@ class Aftercare(threading.Thread):
         self.metrics = metrics or NodeMetrics()
         self.suppressions = Suppressions(db)
         self.failure_runs = FailureRuns(config.max_consecutive_failures)
+        self.halts = halts or Halts()  # campaigns its breakers paused: their jobs marked ahead stay unsent
         self._inbox: queues.SimpleQueue[Committed | None] = queues.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -169,6 +171,7 @@ class Aftercare(threading.Thread):
         trip = self.failure_runs.track(campaign_id, verdict)
         if trip is None:
             return
+        self.halts.add(campaign_id)
         if queue.pause_campaign(campaign_id, trip.reason, auto_resume=trip.auto_resume,
                                 probe_in=self.config.breaker.probe_interval):
             log.warning("campaign_paused", campaign_id=campaign_id, reason=trip.reason,
@@ -181,6 +184,7 @@ class Aftercare(threading.Thread):
         Returns whether the bounce's hooks must wait for a person."""
         tripped, holding = queue.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
         if tripped:
+            self.halts.add(job.campaign_id)
             self.failure_runs.forget(job.campaign_id)
             log.warning("campaign_paused", campaign_id=job.campaign_id, reason="bounce_rate",
                         resumes="by `campaign resume` (the bounces were real) or after "

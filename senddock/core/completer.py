@@ -5,7 +5,7 @@ while its last commit ran (at a high concurrency, what arrives within a few more
 and commits it all at once (River's batch completer and pgqueuer's
 buffered acknowledgements are the models). A send's slot is given back only once its result has
 committed, so the jobs in doubt after a kill -9 (begun, not recorded) are never more than the
-node's `concurrency`. The same statement marks begun as many jobs of the deck (claimed ahead) as
+node's slots (twice its `concurrency` without pacing limits, see inflight.RUNWAY). The same statement marks begun as many jobs of the deck (claimed ahead) as
 the group frees slots, and those go to the senders in the freed slots: a slot is refilled without
 a claim on its way. Only after a group of clean sends: a failure may trip a breaker, which must
 pause its campaign before anything else of it begins (the claimer begins the deck's jobs then).
@@ -42,17 +42,19 @@ log = structlog.get_logger(__name__)
 
 # Results per statement at most: a group commit this big already costs little per result.
 MAX_GROUP = 500
-# With at least LINGER_IN_FLIGHT sends still in flight (a slow relay at a high concurrency), a group
-# of deliveries waits up to LINGER for more results: the relay stays busy meanwhile, and a commit
-# then carries a dozen results or more rather than two or three (groups that large make the
-# claimer stop using its deck: a claim refills their slots as cheaply, see claimer.MARK_COST). At
-# concurrency 200 and a 50 ms relay this cut Postgres's CPU per message from about 330 to 170 us
-# (a /tmp script's alternating runs sent 14% more on average; bench/inflight.py could not tell it
-# from the noise); waiting until 8 results (the deck kept) gained nothing measurable. A lower
-# concurrency never waits: its slots are scarce, and a result's slot is free only once committed.
-# Just above 64 the wait holds slots for up to 10 ms too, which costs nothing while the node is
-# bound by its CPU or the relay rather than by its slots (64 sends in flight to a 50 ms relay are
-# 1,280 a second, more than a node sends on 2 cores).
+# With at least LINGER_IN_FLIGHT jobs begun and not collected yet (sends in flight, and the next
+# jobs marked for their senders: see inflight.RUNWAY), a group of deliveries waits up to LINGER
+# for more results: the relay stays busy meanwhile, and a commit then carries a dozen results or
+# more rather than two or three (groups that large make the claimer stop using its deck: a claim
+# refills their slots as cheaply, see claimer.MARK_COST). At concurrency 200 and a 50 ms relay
+# this cut Postgres's CPU per message from about 330 to 170 us (a /tmp script's alternating runs
+# sent 14% more on average; bench/inflight.py could not tell it from the noise); waiting until 8
+# results (the deck kept) gained nothing measurable. At the default concurrency 50 (100 slots)
+# against a local relay it cut commits per message from 0.7-0.8 to 0.3 and Postgres's CPU per
+# message from 330-360 to 140-170 us. A node with fewer slots never waits: they are scarce, and a
+# result's slot is free only once committed. The wait holds slots for up to 10 ms, which costs
+# nothing while the senders have their next jobs (the runway) or the node is bound by its CPU or
+# the relay rather than by its slots.
 LINGER = 0.010
 LINGER_IN_FLIGHT = 64
 
@@ -64,6 +66,9 @@ class Done:
     job: ClaimedJob
     row: ResultRow | None = None  # None: the send never began, the job goes back as it was
     verdict: Classification | None = None
+    # Set once the result is committed and acted on (a breaker tripped, a pause registered): the
+    # sender of anything but a delivery waits for it before its next job (see Senders._run).
+    committed: threading.Event | None = None
 
 
 class Completer(threading.Thread):
@@ -278,6 +283,10 @@ class Completer(threading.Thread):
         throttled = [d.job for d in group if d.verdict is not None and slows_pacing(d.verdict)]
         if throttled:
             self._throttled(queue, throttled)
+        for done in group:
+            if done.row is not None and done.row.result.outcome == "pause":
+                # Paused by this commit (or before it): the next jobs marked for senders stay unsent.
+                self._aftercare.halts.add(done.job.campaign_id)
         with self._lock:
             self._flushes += 1
             seq = self._flushes
@@ -296,6 +305,8 @@ class Completer(threading.Thread):
             else:
                 self._claims.settle(done.job.claim_token)
             self._aftercare.put(item)
+            if done.committed is not None:
+                done.committed.set()
 
     # -- when a commit's fate is unknown ---------------------------------------------------------
 

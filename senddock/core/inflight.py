@@ -2,17 +2,21 @@
 
 A *slot* is taken when a job is marked begun and given back once its result is committed (or the
 job is put back unstarted): the jobs that may be in doubt after a kill -9 are never more than the
-slots, `concurrency`. The *deck* holds jobs claimed ahead of a free slot and not marked begun: the
-completer marks some of them begun in the very commit that frees the slots they take, so a freed
-slot is refilled without a claim on its way, and a kill -9 puts them back as they were (never
-begun, never in doubt). A *claim* (one claim statement's token) is held from before the claim
-commits until every one of its jobs is settled: its result durable, or the job put back. This
-node's orphan recovery leaves held claims alone.
+slots. Without pacing limits a node has ``RUNWAY`` slots per sender: while a sender sends, its
+next job is already marked begun, so it goes on without waiting for the commit of its last result
+(the slots are the sends in flight plus the results waiting for the completer, or the next jobs
+marked in their place). The *deck* holds jobs claimed ahead of a free slot and not marked begun:
+the completer marks some of them begun in the very commit that frees the slots they take, so a
+freed slot is refilled without a claim on its way, and a kill -9 puts them back as they were
+(never begun, never in doubt). A *claim* (one claim statement's token) is held from before the
+claim commits until every one of its jobs is settled: its result durable, or the job put back.
+This node's orphan recovery leaves held claims alone.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
@@ -20,6 +24,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the queue's value type, for annotations only
     from senddock.core.queue import ClaimedJob
+
+# Slots per sender without pacing limits: the send in hand and the next one, marked begun. With one
+# (a slot free only once its result committed) a sender idled through every commit: at concurrency
+# 5 against a local relay the senders were busy 65% of the time, at 2 95% (and 1.4 commits a message
+# fell to 1.1); the null transport at concurrency 50 drained 7,300 jobs/s with 1 and 10,000 with 2
+# (`bench/drain.py`, alternating). It doubles what a kill -9 may leave in doubt: 2 x concurrency.
+RUNWAY = 2
 
 
 class Slots:
@@ -151,3 +162,24 @@ class HeldClaims:
     def _drop(self, token: uuid.UUID) -> None:
         self._open.pop(token, None)
         self._tokens.discard(token)
+
+
+class Halts:
+    """Campaigns this node paused (a pause outcome, a breaker), with the monotonic time of the pause:
+    a job marked begun before it and still waiting for a sender (see RUNWAY) goes back unsent, as a
+    claim after the pause would not have taken it. A job claimed after the pause (the campaign was
+    resumed since) is sent."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def add(self, campaign_id: int) -> None:
+        with self._lock:
+            self._at[campaign_id] = time.monotonic()
+
+    def stops(self, campaign_id: int, claimed_at: float) -> bool:
+        """Whether a job of ``campaign_id`` whose claim's reply arrived at ``claimed_at`` (monotonic)
+        was claimed before this node paused its campaign."""
+        at = self._at.get(campaign_id)  # a dict read is atomic: no lock on every send's path
+        return at is not None and claimed_at <= at

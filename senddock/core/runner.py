@@ -30,7 +30,7 @@ from senddock.core.completer import Completer
 from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
-from senddock.core.inflight import Deck, HeldClaims, Slots
+from senddock.core.inflight import RUNWAY, Deck, Halts, HeldClaims, Slots
 from senddock.core.migrations import applied_versions, latest_version
 from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.pacing_gate import PacingGate
@@ -98,10 +98,10 @@ class Runner:
         self._wake = threading.Condition()
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
-        self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics)
+        self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, Halts())
         self.held_claims = HeldClaims()
-        self.slots = Slots(self.concurrency)
-        self.deck = Deck(0, self.slots)  # sized when the pipeline starts
+        self.slots = Slots(self.concurrency)  # both sized when the pipeline starts
+        self.deck = Deck(0, self.slots)
         self.claimer: Claimer | None = None
         self.senders: Senders | None = None
         self.completer: Completer | None = None
@@ -242,9 +242,13 @@ class Runner:
     def _start_pipeline(self) -> None:
         contents = ContentCache(self._pooled_queue)
         gate = PacingGate(self.config.pacing, self.config.transport)
+        # Without pacing limits every sender has its next job marked begun while it sends (see
+        # inflight.RUNWAY): it never waits for a commit between two sends. Under limits a job begins
+        # when its limits let it, so it goes to a sender at once: no more marks than senders.
+        self.slots = Slots(self.concurrency if gate.configured else self.concurrency * RUNWAY)
         # Jobs claimed ahead, to refill the slots a group commit frees; none under pacing limits
         # (each job's limits are taken when it may begin, by the claimer's gate).
-        self.deck = Deck(0 if gate.configured else min(self.concurrency, self.config.claim_batch), self.slots)
+        self.deck = Deck(0 if gate.configured else min(self.slots.size, self.config.claim_batch), self.slots)
         self.completer = Completer(
             self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims, aftercare=self.aftercare,
             lifeline=self.lifeline, async_results=self.config.database.result_commit == "async",
@@ -253,7 +257,7 @@ class Runner:
             may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
         )
         self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
-                               self.concurrency, self.metrics)
+                               self.concurrency, self.metrics, self.aftercare.halts)
         self.claimer = Claimer(
             self.config, self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims,
             contents=contents, gate=gate, senders=self.senders,

@@ -22,6 +22,7 @@ from senddock.config import Config
 from senddock.core import results
 from senddock.core.completer import Completer, Done
 from senddock.core.content import ContentCache
+from senddock.core.inflight import Halts
 from senddock.core.nodes import Lifeline
 from senddock.core.queue import ClaimedJob, ResultRow
 from senddock.mail.compose import BadRecipient, Composer
@@ -40,7 +41,8 @@ class Dispatch:
 
 class Senders:
     def __init__(self, config: Config, composer: Composer, contents: ContentCache, lifeline: Lifeline,
-                 stopping: threading.Event, completer: Completer, size: int, metrics: NodeMetrics | None = None) -> None:
+                 stopping: threading.Event, completer: Completer, size: int, metrics: NodeMetrics | None = None,
+                 halts: Halts | None = None) -> None:
         self.config = config
         self.pm = config.plugin_manager
         self._composer = composer
@@ -48,6 +50,7 @@ class Senders:
         self._lifeline = lifeline
         self._stopping = stopping
         self._completer = completer
+        self._halts = halts or Halts()
         self._send_duration = (metrics or NodeMetrics()).send_duration.labels(transport=config.transport)
         self._jobs: queues.SimpleQueue[Dispatch | None] = queues.SimpleQueue()
         self._closed = False  # stop() was called: a job handed over now goes back unstarted
@@ -121,11 +124,21 @@ class Senders:
                     log.exception("sender_error", job_id=dispatch.job.id)
                     done = Done(dispatch.job)
                 self._completer.put(done)
+                if done.row is not None and done.row.result.outcome != "sent":
+                    self._await_commit(done)
         finally:
             try:
                 self.pm.hook.worker_stopped(worker_state=state, config=self.config)
             except Exception as exc:
                 log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
+
+    def _await_commit(self, done: Done) -> None:
+        """Anything but a delivery may trip a breaker or pause its campaign, and this sender's next
+        job (marked begun already, see inflight.RUNWAY) may be of that campaign: it waits until the
+        completer has acted on the result (or the node stops: nothing more is sent then)."""
+        while not done.committed.wait(0.1):
+            if self._stopping.is_set():
+                return
 
     def _prepare(self, state: dict[str, Any]) -> None:
         """The worker_started hook (a transport opens its connection ahead), then ready."""
@@ -140,8 +153,10 @@ class Senders:
 
     def _send(self, dispatch: Dispatch, state: dict[str, Any]) -> Done:
         job = dispatch.job
-        if self._stopping.is_set() or not self._lifeline.may_send():
-            # Shutting down, or self-fenced (the heartbeat is too old): not started, back it goes.
+        if (self._stopping.is_set() or not self._lifeline.may_send()
+                or self._halts.stops(job.campaign_id, dispatch.claimed_monotonic)):
+            # Shutting down, self-fenced (the heartbeat is too old), or its campaign paused by this
+            # node since the job was marked (it waited for a sender): not started, back it goes.
             return Done(job)
         started_at = datetime.now(timezone.utc)
         try:
@@ -165,7 +180,8 @@ class Senders:
         )
         attempt = job.attempts + (1 if outcome.counts else 0)
         pause_reason = verdict.reason if outcome.outcome == "pause" else None
-        return Done(job, ResultRow(job, attempt, started_at, outcome, pause_reason), verdict)
+        committed = None if outcome.outcome == "sent" else threading.Event()
+        return Done(job, ResultRow(job, attempt, started_at, outcome, pause_reason), verdict, committed)
 
     def _message(self, job: ClaimedJob) -> Message:
         """The job's Message, rendered for its recipient."""

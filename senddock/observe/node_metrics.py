@@ -30,7 +30,8 @@ class NodeMetrics:
                                        ["transport"], buckets=SEND_BUCKETS, registry=self.registry)
         self.claim_duration = Histogram("senddock_claim_duration_seconds", "How long a claim statement took.",
                                         buckets=CLAIM_BUCKETS, registry=self.registry)
-        self.in_flight = Gauge("senddock_sends_in_flight", "Sends begun and not yet recorded on this node.",
+        self.in_flight = Gauge("senddock_sends_in_flight", "Jobs marked begun and not yet recorded on this node: "
+                               "sends in flight, the senders' next jobs, results not committed yet.",
                                registry=self.registry)
         self.in_doubt = Counter("senddock_in_doubt", "Jobs this node's recovery found in doubt (they may "
                                 "have gone out twice).", registry=self.registry)

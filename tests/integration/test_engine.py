@@ -242,9 +242,10 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
 
         def commit_then_lose_the_reply(self, *args, **kwargs):
             committed = original(self, *args, **kwargs)
-            calls.append(committed)
-            if len(calls) == 1:
-                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            if committed.recorded:  # not a group of jobs put back unsent (the pause's next job)
+                calls.append(committed)
+                if len(calls) == 1:
+                    raise psycopg.OperationalError("server closed the connection unexpectedly")
             return committed
 
         monkeypatch.setattr(Queue, "commit_group", commit_then_lose_the_reply)

@@ -14,6 +14,7 @@ import pytest
 
 from senddock.api import Senddock
 from senddock.core.completer import LINGER_IN_FLIGHT
+from senddock.core.inflight import RUNWAY
 from senddock.core.queue import JobResult, Queue, ResultRow
 from senddock.testing import drain, fast_settings
 from tests_support import duplicates_and_in_doubt, kill_while_sending, make_broadcast, register, start_node, write_config
@@ -58,6 +59,57 @@ def test_one_group_commit_fences_each_result_by_its_own_claim(senddock_app, data
     assert campaign == ("paused", "auth_failed")
 
 
+def test_each_sender_has_its_next_job_marked_and_no_more_than_that(make_config, smtp_sink, database_dsn,
+                                                                   monkeypatch):
+    """Without pacing limits a node keeps RUNWAY jobs begun per sender: at most `concurrency` sends at
+    the relay at once, while the jobs marked begun and not recorded (what a kill -9 may leave in
+    doubt) reach more than `concurrency` (the next jobs, marked while the sends run) and never more
+    than RUNWAY x `concurrency`."""
+    concurrency = 3
+    smtp_sink.handler.delay = 0.05
+    at_relay, peak_at_relay = 0, 0
+    lock = threading.Lock()
+    handle_data = type(smtp_sink.handler).handle_DATA
+
+    async def counted(self, server, session, envelope):
+        nonlocal at_relay, peak_at_relay
+        with lock:
+            at_relay += 1
+            peak_at_relay = max(peak_at_relay, at_relay)
+        try:
+            return await handle_data(self, server, session, envelope)
+        finally:
+            with lock:
+                at_relay -= 1
+
+    monkeypatch.setattr(type(smtp_sink.handler), "handle_DATA", counted)
+    config = make_config(fast_settings(smtp_sink.port, concurrency=concurrency))
+    app = Senddock(config)
+    make_broadcast(app, [f"user{i}@example.com" for i in range(150)])
+    marked: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            while not done.is_set():
+                marked.append(conn.execute("SELECT count(*) FROM broadcast_jobs "
+                                           "WHERE status = 'sending' AND send_begun").fetchone()[0])
+                time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        drain(config, timeout=60)
+    finally:
+        done.set()
+        sampler.join()
+    assert len(smtp_sink.received) == 150
+    assert 0 < peak_at_relay <= concurrency, peak_at_relay
+    assert max(marked) <= RUNWAY * concurrency, max(marked)
+    assert max(marked) > concurrency, f"never more jobs marked than senders: {Counter(marked)}"
+    app.close()
+
+
 def test_a_node_uses_at_most_pool_size_connections_whatever_its_concurrency(make_config, smtp_sink):
     """100 sends in flight against a relay that takes 20 ms a message, on pool_size 6: the node's
     sessions on the server (lifeline included) never exceed 6, and everyone gets one message."""
@@ -91,15 +143,17 @@ def test_a_node_uses_at_most_pool_size_connections_whatever_its_concurrency(make
     app.close()
 
 
-@pytest.mark.parametrize("concurrency", [200, 40])
+@pytest.mark.parametrize("concurrency", [200, 24])
 def test_kill_9_with_many_sends_in_flight_loses_nothing_and_lists_every_duplicate(
         make_config, database_dsn, smtp_sink, tmp_path: Path, concurrency: int):
-    """Killed while 200 (or 40) sends are in flight to a relay that takes 50 ms a message: nobody is
-    dropped, every duplicate is listed in doubt, and each kill leaves at most `concurrency` jobs in
-    doubt (begun and not recorded). The jobs the node had claimed ahead (its deck, never begun) go
-    back as they were: none of them is recorded in doubt for that kill. At concurrency 40 the node
-    refills slots from its deck, so jobs are on the deck at the kills; at 200 its result groups are
-    large enough that claims refill them (see completer.LINGER), and a deck is not required."""
+    """Killed while 200 (or 24) sends are in flight to a relay that takes 50 ms a message: nobody is
+    dropped, every duplicate is listed in doubt, and each kill leaves at most its slots, RUNWAY x
+    `concurrency`, jobs in doubt (begun and not recorded: the sends, their results waiting for the
+    completer and the next jobs marked for the senders). The jobs the node had claimed ahead (its
+    deck, never begun) go back as they were: none of them is recorded in doubt for that kill. At
+    concurrency 24 the node refills slots from its deck, so jobs are on the deck at the kills; at
+    200 its result groups are large enough that claims refill them (see completer.LINGER), and a
+    deck is not required."""
     smtp_sink.handler.delay = 0.05
     settings = fast_settings(smtp_sink.port, concurrency=concurrency,
                              recovery={"heartbeat": "200ms", "lease": "3s", "max_rescues": 50})
@@ -138,9 +192,9 @@ def test_kill_9_with_many_sends_in_flight_loses_nothing_and_lists_every_duplicat
     assert (status.status, status.sent, status.failed) == ("finished", len(emails), 0)
     twice, in_doubt = duplicates_and_in_doubt(app, smtp_sink, emails)
     assert twice <= in_doubt, f"duplicates not recorded as in doubt: {sorted(twice - in_doubt)[:5]}"
-    assert all(n <= concurrency for n in in_doubt_after), in_doubt_after
-    assert len(in_doubt) <= kills * concurrency
-    if concurrency < LINGER_IN_FLIGHT:
+    assert all(n <= RUNWAY * concurrency for n in in_doubt_after), in_doubt_after
+    assert len(in_doubt) <= kills * RUNWAY * concurrency
+    if RUNWAY * concurrency < LINGER_IN_FLIGHT:
         assert any(ahead for _, ahead in on_deck_at), "no job was on the deck at a kill: the test proves nothing"
     with psycopg.connect(database_dsn) as conn:
         doubted = conn.execute("SELECT job_id, started_at FROM delivery_attempts WHERE outcome = 'in_doubt'").fetchall()
