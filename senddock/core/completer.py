@@ -5,10 +5,11 @@ while its last commit ran (at a high concurrency, what arrives within a few more
 and commits it all at once (River's batch completer and pgqueuer's
 buffered acknowledgements are the models). A send's slot is given back only once its result has
 committed, so the jobs in doubt after a kill -9 (begun, not recorded) are never more than the
-node's slots (twice its `concurrency` without pacing limits, see inflight.RUNWAY). The same statement marks begun as many jobs of the deck (claimed ahead) as
-the group frees slots, and those go to the senders in the freed slots: a slot is refilled without
-a claim on its way. Only after a group of clean sends: a failure may trip a breaker, which must
-pause its campaign before anything else of it begins (the claimer begins the deck's jobs then).
+node's slots (twice its `concurrency` without pacing limits, see inflight.RUNWAY). The same
+statement marks begun as many jobs of the deck (claimed ahead) as the group frees slots, and those
+go to the senders in the freed slots: a slot is refilled without a claim on its way. Only after a
+group of clean sends: a failure may trip a breaker, which must pause its campaign before anything
+else of it begins (the claimer begins the deck's jobs then).
 
 With ``database.result_commit: async`` a commit does not wait for the disk: its results stay
 *unsure* (a Postgres crash may lose them) until a later synchronous commit of this node (a claim,
