@@ -241,6 +241,10 @@ class Completer(threading.Thread):
             log.info("jobs_put_back", jobs=released)
         commit = queue.commit_group([d.row for d in results], begin=self._failed_refill)
         self._failed, self._failed_refill = [], []
+        for campaign_id in commit.stopped:
+            # Paused or cancelled elsewhere (a person, another node): this node's next jobs of it,
+            # marked begun already (inflight.RUNWAY), go back unsent from now on.
+            self._aftercare.halts.add(campaign_id)
         self.group_size += 0.2 * (len(results) - self.group_size)
         started = [(job, at) for job, at in refill if job.id in commit.begun]
         if started:

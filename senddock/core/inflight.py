@@ -165,10 +165,11 @@ class HeldClaims:
 
 
 class Halts:
-    """Campaigns this node paused (a pause outcome, a breaker), with the monotonic time of the pause:
-    a job marked begun before it and still waiting for a sender (see RUNWAY) goes back unsent, as a
-    claim after the pause would not have taken it. A job claimed after the pause (the campaign was
-    resumed since) is sent."""
+    """Campaigns seen to stop sending, with the monotonic time this node saw it: paused by this node
+    (a pause outcome, a breaker), or paused or cancelled elsewhere (a group commit's results said
+    so). A job marked begun before then and still waiting for a sender (see RUNWAY) goes back
+    unsent, as a claim after the pause would not have taken it. A job claimed after it (the
+    campaign was resumed since) is sent."""
 
     def __init__(self) -> None:
         self._at: dict[int, float] = {}

@@ -72,10 +72,12 @@ class Recorded:
 
 @dataclass(frozen=True)
 class GroupCommit:
-    """What one group commit did: each result (by job id), and which jobs it marked begun."""
+    """What one group commit did: each result (by job id), which jobs it marked begun, and which of
+    the results' campaigns no longer send (paused or cancelled, by anyone)."""
 
     recorded: dict[int, Recorded]
     begun: frozenset[int]
+    stopped: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -190,11 +192,12 @@ class Queue:
         return committed
 
     def _committed(self, params: dict[str, Any]) -> GroupCommit:
-        recorded, begun = {}, frozenset()
-        for job_id, applied, late_sent, paused_now, marked, _ in self.conn.execute(query("jobs_record_results"), params):
+        recorded, begun, stopped = {}, frozenset(), frozenset()
+        for job_id, applied, late_sent, paused_now, marked, halted, _ in self.conn.execute(
+                query("jobs_record_results"), params):
             recorded[job_id] = Recorded(applied, late_sent, paused_now)
-            begun = frozenset(marked or ())
-        return GroupCommit(recorded, begun)
+            begun, stopped = frozenset(marked or ()), frozenset(halted or ())
+        return GroupCommit(recorded, begun, stopped)
 
     def record(self, job: ClaimedJob, attempt: int, started_at: datetime | None, result: JobResult, *,
                synchronous: bool = False) -> Recorded:

@@ -59,6 +59,24 @@ def test_one_group_commit_fences_each_result_by_its_own_claim(senddock_app, data
     assert campaign == ("paused", "auth_failed")
 
 
+def test_a_group_commit_names_the_campaigns_stopped_since_their_jobs_were_claimed(senddock_app, database_dsn):
+    """Paused or cancelled by someone else while its sends ran: the commit of their results says so,
+    so the node's next jobs of that campaign (marked begun already) stay unsent; a campaign still
+    sending is not named."""
+    paused = make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
+    cancelled = make_broadcast(senddock_app, ["c@example.com", "d@example.com"], list_name="other")
+    sending = make_broadcast(senddock_app, ["e@example.com", "f@example.com"], list_name="third")
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        node = register(conn, "solo")
+        jobs = Queue(conn, node).claim(6, begun=True)
+        senddock_app.pause_campaign(paused)
+        senddock_app.cancel_campaign(cancelled)
+        committed = Queue(conn, node).commit_group([ResultRow(job, 1, None, SENT) for job in jobs])
+    assert committed.stopped == {paused, cancelled}
+    assert all(r.recorded for r in committed.recorded.values())
+    assert sending not in committed.stopped
+
+
 def test_each_sender_has_its_next_job_marked_and_no_more_than_that(make_config, smtp_sink, database_dsn,
                                                                    monkeypatch):
     """Without pacing limits a node keeps RUNWAY jobs begun per sender: at most `concurrency` sends at

@@ -586,11 +586,15 @@ WITH r AS (
 -- begin marks stay synchronous; see docs/engine.md).
 -- paused_now: this statement paused the job's campaign (on the campaign's first job in it).
 -- begun: the jobs of begin_ids marked begun (the same on every row).
+-- stopped: the results' campaigns that no longer send (paused or cancelled by anyone, as of this
+-- statement's snapshot): the node's next jobs of theirs, marked begun already, stay unsent.
 SELECT r.job_id, x.id IS NOT NULL AS recorded, l.id IS NOT NULL AS late_sent,
        r.pause_reason IS NOT NULL AND r.job_id = min(r.job_id) FILTER (WHERE r.pause_reason IS NOT NULL)
                                                   OVER (PARTITION BY r.campaign_id)
        AND r.campaign_id IN (SELECT id FROM paused) AS paused_now,
        (SELECT array_agg(id) FROM marked) AS begun,
+       (SELECT array_agg(c.id) FROM campaigns c
+         WHERE c.id IN (SELECT campaign_id FROM r) AND c.status <> 'sending') AS stopped,
        set_config('synchronous_commit', %(synchronous_commit)s, true)
   FROM r LEFT JOIN result x ON x.id = r.job_id LEFT JOIN late l ON l.id = r.job_id;
 
