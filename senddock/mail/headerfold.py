@@ -20,7 +20,7 @@ import base64
 import functools
 import re
 from collections.abc import Iterable
-from email.headerregistry import HeaderRegistry, UniqueAddressHeader, UnstructuredHeader
+from email.headerregistry import HeaderRegistry, MessageIDHeader, UniqueAddressHeader, UnstructuredHeader
 from email.policy import EmailPolicy
 from typing import Any
 
@@ -220,7 +220,27 @@ def fold(name: str, value: Any) -> str | None:
     return None
 
 
-class _Verbatim(UnstructuredHeader):
+class _ParsedWhenFolded:
+    """A header whose value is printable ASCII is written by :func:`fold` from its text alone, so
+    the ``email`` package's parse of it (a Message-ID's was a quarter of a sender's CPU at
+    concurrency 200: its parser, then a walk of the tree for defects) waits until that package
+    folds it, which for such a value it never does."""
+
+    @classmethod
+    def parse(cls, value: Any, kwds: dict[str, Any]) -> None:
+        if isinstance(value, str) and _PRINTABLE.fullmatch(value):
+            kwds["parse_tree"] = None
+            kwds["decoded"] = value
+            return
+        super().parse(value, kwds)  # type: ignore[misc]  # the header class this is mixed into
+
+    def fold(self, *, policy: Any) -> str:
+        if self._parse_tree is None:  # type: ignore[has-type]
+            self._parse_tree = self.value_parser(str(self))  # type: ignore[attr-defined]
+        return super().fold(policy=policy)  # type: ignore[misc]
+
+
+class _Verbatim(_ParsedWhenFolded, UnstructuredHeader):
     """A header value kept as given: the ``email`` package decodes whatever looks like an
     encoded-word when a header is set, so a subject reading ``=?utf-8?q?x?=`` would become ``x``."""
 
@@ -228,6 +248,10 @@ class _Verbatim(UnstructuredHeader):
     def parse(cls, value: str, kwds: dict[str, Any]) -> None:
         super().parse(value, kwds)
         kwds["decoded"] = value
+
+
+class _MessageID(_ParsedWhenFolded, MessageIDHeader):
+    """Message-ID (unique, as the ``email`` package's): senddock writes it as ``<local@domain>``."""
 
 
 class _UniqueVerbatim(_Verbatim):
@@ -266,15 +290,24 @@ class FoldingPolicy(EmailPolicy):
 
     def fold_binary(self, name: str, value: Any) -> bytes:
         # A header object the registry shares between messages (see _ClassCachingRegistry) is
-        # folded once per policy and name: the folding depends on nothing else.
+        # folded once per policy and name: the folding depends on nothing else. "Policy" by its
+        # settings, not its identity: the generator clones the policy for every part of a
+        # multipart message (the parts' Content-Type was folded again for every message).
+        key = (self._settings, name)
         memo = getattr(value, "_senddock_folded", None)
-        if memo is not None and memo[0] is self and memo[1] == name:
-            return memo[2]
+        if memo is not None and memo[0] == key:
+            return memo[1]
         folded = fold(name, value)
         data = folded.encode("ascii") if folded is not None else super().fold_binary(name, value)
         if hasattr(value, "_defects"):  # a header object (a plain str takes no attributes)
-            value._senddock_folded = (self, name, data)
+            value._senddock_folded = (key, data)
         return data
+
+    @functools.cached_property
+    def _settings(self) -> tuple:
+        """What folding depends on, of this policy (immutable: clone() makes a new one)."""
+        return (type(self), self.linesep, self.max_line_length, self.utf8, self.refold_source,
+                self.cte_type, self.header_factory)
 
 
 class _ClassCachingRegistry(HeaderRegistry):
@@ -317,6 +350,7 @@ class _ClassCachingRegistry(HeaderRegistry):
 def _header_factory() -> HeaderRegistry:
     registry = _ClassCachingRegistry(default_class=_Verbatim)  # List-*, Feedback-ID, X-*
     registry.map_to_type("subject", _UniqueVerbatim)
+    registry.map_to_type("message-id", _MessageID)
     for name in ("from", "to", "reply-to"):
         registry.map_to_type(name, _AddressHeader)
     return registry
