@@ -251,3 +251,76 @@ def test_a_display_name_round_trips_however_it_has_to_be_written(composer, name)
     assert rfc2047_display_name(raw_value(data, "To")) == name
     if name not in LONG_NAMES:  # one encoded-word per run: CPython's parser reads it back too
         assert to.display_name == name
+
+
+# -- the shortcuts of the message build: the same bytes as the email package's own path -----------
+
+def email_package_bytes(message) -> tuple[bytes, bytes]:
+    """senddock's bytes of ``message``, and the same message written the email package's own way:
+    every header parsed when set (the stock Message-ID class, the stock parse of the headers kept
+    verbatim), the parts joined by make_alternative() and a boundary drawn by the generator (then
+    replaced by senddock's, to compare)."""
+    from email.headerregistry import MessageIDHeader, UnstructuredHeader
+    from email.message import EmailMessage
+
+    from senddock.mail import headerfold
+
+    class ParsedVerbatim(UnstructuredHeader):  # headerfold._Verbatim before it parsed lazily
+        @classmethod
+        def parse(cls, value, kwds):
+            super().parse(value, kwds)
+            kwds["decoded"] = value
+
+    class ParsedUniqueVerbatim(ParsedVerbatim):
+        max_count = 1
+
+    registry = headerfold._ClassCachingRegistry(default_class=ParsedVerbatim)
+    registry.map_to_type("subject", ParsedUniqueVerbatim)
+    registry.map_to_type("message-id", MessageIDHeader)
+    for name in ("from", "to", "reply-to"):
+        registry.map_to_type(name, headerfold._AddressHeader)
+    built = mime.build_email(message)
+    reference = EmailMessage(policy=headerfold.POLICY.clone(header_factory=registry))
+    for name, value in built.items():
+        if built.is_multipart() and name.lower().startswith("content-"):
+            continue  # make_alternative() writes it
+        reference[name] = value.addresses if hasattr(value, "addresses") else str(value)
+    if built.is_multipart():
+        reference.make_alternative()
+        for part in built.get_payload():
+            reference.attach(part)
+    else:
+        reference.set_payload(built.get_payload())
+    slow = reference.as_bytes()
+    if built.is_multipart():
+        slow = slow.replace(reference.get_boundary().encode(), built.get_boundary().encode())
+    return built.as_bytes(), slow
+
+
+@pytest.mark.parametrize("subject,text,html", [
+    ("Hello {{ subscriber.name }}", "Hallo {{ subscriber.name }}", "<p>Hallo {{ subscriber.name }}</p>"),
+    ("Plain", "Only text", None),
+    ("Grüße aus Köln, {{ subscriber.name }}", None, "<p>Nur HTML, " + "lang " * 40 + "</p>"),
+    ("=?utf-8?q?looks_encoded?= " + "x" * 90, "Привет " * 30, "<p>" + "😀" * 50 + "</p>"),
+])
+def test_the_message_is_the_bytes_the_email_package_writes(composer, subject, text, html):
+    message, _ = build(composer, campaign(subject=subject, text_body=text, html_body=html))
+    fast, slow = email_package_bytes(message)
+    assert fast == slow
+
+
+def test_a_campaigns_messages_share_a_boundary_that_no_body_holds(composer):
+    _, first_bytes = build(composer)
+    _, second_bytes = build(composer, recipient=Recipient("b@example.com", "B", {}, subscriber_id=2))
+    boundary = message_from_bytes(first_bytes, policy=default_policy).get_boundary()
+    assert boundary and message_from_bytes(second_bytes, policy=default_policy).get_boundary() == boundary
+    # A recipient whose data holds that boundary gets a message of its own drawing, still two parts.
+    content = campaign(text_body="Hallo {{ subscriber.attributes.note }}",
+                       html_body="<p>{{ subscriber.attributes.note }}</p>")
+    sneaky = Recipient("c@example.com", "C", {"note": f"\n--{boundary}\nContent-Type: text/plain\n\nforged"},
+                       subscriber_id=3)
+    _, data = build(composer, content, sneaky)
+    parsed = message_from_bytes(data, policy=default_policy)
+    assert parsed.get_boundary() != boundary
+    assert [p.get_content_type() for p in parsed.iter_parts()] == ["text/plain", "text/html"]
+    assert f"--{boundary}" in parsed.get_body(("plain",)).get_content()
