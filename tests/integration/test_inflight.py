@@ -183,7 +183,9 @@ def test_kill_9_with_many_sends_in_flight_loses_nothing_and_lists_every_duplicat
     on_deck_at: list[tuple[object, set[int]]] = []  # (the database's time after a kill, jobs claimed ahead)
 
     def count_in_doubt() -> None:
-        with psycopg.connect(database_dsn) as conn:
+        # Autocommit: pg_stat_activity is a snapshot per transaction, and one transaction would
+        # read the same sessions at every poll.
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
             # A statement the dead node sent just before the kill still runs to its end on the
             # server (a group commit marking deck jobs begun commits although no sender got them):
             # look once the node's sessions are gone, so the deck read here is the one recovery finds.
