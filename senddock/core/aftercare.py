@@ -66,7 +66,7 @@ class Aftercare(threading.Thread):
         self.suppressions = Suppressions(db)
         self.failure_runs = FailureRuns(config.max_consecutive_failures)
         self.halts = halts or Halts()  # campaigns its breakers paused: their jobs marked ahead stay unsent
-        self._inbox: queues.SimpleQueue[Committed | None] = queues.SimpleQueue()
+        self._inbox: queues.SimpleQueue[list[Committed] | None] = queues.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._pending = 0
@@ -74,11 +74,14 @@ class Aftercare(threading.Thread):
 
     # -- fed by the completer -----------------------------------------------------------------
 
-    def put(self, item: Committed) -> None:
+    def put(self, items: list[Committed]) -> None:
+        """A group commit's results, handed over at once: one wake-up of this thread per group."""
+        if not items:
+            return
         with self._lock:
-            self._pending += 1
+            self._pending += len(items)
             self._idle.clear()
-        self._inbox.put(item)
+        self._inbox.put(items)
 
     @property
     def busy(self) -> bool:
@@ -90,18 +93,18 @@ class Aftercare(threading.Thread):
         self.join(timeout)
 
     def run(self) -> None:
-        while (item := self._inbox.get()) is not None:
-            try:
-                self.handle(item)
-            except Exception:
-                # A failed pause or bounce check is retried by the chores (pending_bounces) or
-                # happens again on the next failure; never a dead thread.
-                log.exception("aftercare_error", job_id=item.row.job.id)
-            finally:
-                with self._lock:
-                    self._pending -= 1
-                    if not self._pending:
-                        self._idle.set()
+        while (items := self._inbox.get()) is not None:
+            for item in items:
+                try:
+                    self.handle(item)
+                except Exception:
+                    # A failed pause or bounce check is retried by the chores (pending_bounces) or
+                    # happens again on the next failure; never a dead thread.
+                    log.exception("aftercare_error", job_id=item.row.job.id)
+            with self._lock:
+                self._pending -= len(items)
+                if not self._pending:
+                    self._idle.set()
 
     # -- one result ----------------------------------------------------------------------------
 

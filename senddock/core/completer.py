@@ -298,6 +298,7 @@ class Completer(threading.Thread):
             self.pending -= len(group)
         if len(group) > kept:
             self._slots.give(len(group) - kept)
+        handed: list[Committed] = []
         for done in group:
             if done.row is None:
                 self._claims.settle(done.job.claim_token)
@@ -309,9 +310,10 @@ class Completer(threading.Thread):
                     self._unsure.append((seq, self._epoch, item))
             else:
                 self._claims.settle(done.job.claim_token)
-            self._aftercare.put(item)
+            handed.append(item)
             if done.committed is not None:
                 done.committed.set()
+        self._aftercare.put(handed)
 
     # -- when a commit's fate is unknown ---------------------------------------------------------
 
