@@ -86,6 +86,9 @@ class SinkHandler:
     on_message: Callable[[Received], None] | None = None
     received: list[Received] = field(default_factory=list)
     greeted: set[tuple] = field(default_factory=set)  # the peer (host, port) of each session that said EHLO
+    # Offer RFC 2920 PIPELINING, as Postfix, Exim and the big providers do (aiosmtpd reads commands
+    # in order whether or not they came in one write; it just does not say so).
+    pipelining: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _rule(self, phase: str, address: str) -> str | None:
@@ -96,6 +99,8 @@ class SinkHandler:
         session.host_name = hostname
         with self._lock:
             self.greeted.add(tuple(session.peer or ()))
+        if self.pipelining:
+            return [*responses[:-1], "250-PIPELINING", responses[-1]]
         return responses
 
     def sessions(self) -> set[tuple]:

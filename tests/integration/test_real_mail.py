@@ -316,3 +316,50 @@ def test_a_connection_idle_past_the_limit_is_replaced_before_the_next_send(monke
         transport.close(state)
         peers = [m.peer for m in sink.received]
     assert peers[0] == peers[1] != peers[2]
+
+
+@pytest.mark.parametrize("pipelining", [True, False])
+def test_mail_rcpt_and_data_go_in_one_write_to_a_relay_that_offers_pipelining(monkeypatch, pipelining):
+    """RFC 2920: with a relay that says PIPELINING, MAIL, RCPT and DATA go in one write (the
+    message only after DATA's 354); without it, one command at a time. Either way a refusal at
+    MAIL, at RCPT or at the end of DATA is reported in its phase with its code, and the next
+    message goes out on the same session."""
+    from senddock_smtp import transport
+
+    composer = Composer(load_config(None, environ={"SENDDOCK_DATABASE_URL": "postgresql://x@localhost/x"}))
+    prepared = composer.prepare(CampaignContent(campaign_id=7, name="n", subject="s", from_addr="news@example.com",
+                                                text_body=".a line starting with a dot\n.\nthe end"))
+    recipients = ["ok1@example.com", "nobody@example.com", "late@example.com", "ok2@example.com"]
+    messages = [composer.message(prepared, Recipient(email, "", {}, i), job_id=i + 1, broadcast_id=1, attempt=1)
+                for i, email in enumerate(recipients)]
+    writes: list[bytes] = []
+    original = smtplib.SMTP.send
+
+    def recorded(self, data):
+        writes.append(data if isinstance(data, bytes) else data.encode("ascii"))
+        return original(self, data)
+
+    monkeypatch.setattr(smtplib.SMTP, "send", recorded)
+    state: dict = {}
+    with Sink("127.0.0.1", 0) as sink:
+        sink.handler.pipelining = pipelining
+        sink.handler.rules = [FailRule.parse("nobody@*=550 5.1.1 no such user"),
+                              FailRule.parse("data:late@*=451 4.3.0 try again later")]
+        settings = {"host": "127.0.0.1", "port": sink.port, "timeout": "5s", "security": "none", "helo_name": "t"}
+        results = [transport.send(m, settings, state) for m in messages]
+        sink.handler.rules = [*sink.handler.rules, FailRule.parse("mail:blocked@*=550 5.7.1 sender refused")]
+        refused_sender = transport.send(messages[0], {**settings, "return_path": "blocked@example.com"}, state)
+        after = transport.send(messages[3], settings, state)
+        transport.close(state)
+        received = sink.received
+    assert [(r.ok, r.phase, r.code) for r in results] == [
+        (True, "data", 250), (False, "rcpt", 550), (False, "data", 451), (True, "data", 250)]
+    assert (refused_sender.ok, refused_sender.phase, refused_sender.code) == (False, "mail", 550)
+    assert after.ok
+    assert [m.recipients[0] for m in received] == ["ok1@example.com", "ok2@example.com", "ok2@example.com"]
+    assert len({m.peer for m in received}) == 1  # one session throughout
+    # The body arrives as written: dot-stuffing undone by the relay.
+    body = message_from_bytes(received[0].data, policy=default_policy).get_content()
+    assert body.replace("\r\n", "\n") == ".a line starting with a dot\n.\nthe end\n"
+    together = [w for w in writes if b"mail FROM:" in w and b"rcpt TO:" in w and b"data\r\n" in w]
+    assert len(together) == (6 if pipelining else 0), writes[:4]

@@ -30,6 +30,7 @@ _STATE_KEY = "senddock_smtp.connection"
 IDLE_REOPEN = 60.0
 # An addr-spec as senddock stores it (checked at import): written as it is in MAIL and RCPT.
 _PLAIN_ADDRESS = re.compile(r"[^\s<>()\[\],;:\\\"]*@[^\s<>()\[\],;:\\\"]+|")
+_LEADING_DOT = re.compile(rb"(?m)^\.")  # smtplib's dot-stuffing (RFC 5321 4.5.2)
 
 
 @dataclass
@@ -230,6 +231,8 @@ def _transaction(held: _Connection, sender: str, recipient: str, data: bytes) ->
     conn = held.smtp
     held.messages += 1
     held.used_at = time.monotonic()
+    if conn.has_extn("pipelining"):
+        return _pipelined(conn, sender, recipient, data)
     code, reply = _step(conn.docmd, "mail", f"FROM:{_envelope_address(sender)}")
     if code >= 400:
         _reset(conn)
@@ -254,6 +257,65 @@ def _transaction(held: _Connection, sender: str, recipient: str, data: bytes) ->
     return result_for("data", code, _text(reply), ok=True)
 
 
+def _pipelined(conn: smtplib.SMTP, sender: str, recipient: str, data: bytes) -> SendResult:
+    """RFC 2920 PIPELINING, with a relay that offers it: MAIL, RCPT and DATA go in one write and
+    their replies are read in order, two round trips a message instead of four (a relay 50 ms
+    away: 100 ms instead of 200). The message itself goes only after DATA's 354; a refusal of
+    MAIL or RCPT reads the replies still due, then RSET, as the step by step path does."""
+    try:
+        conn.send(f"mail FROM:{_envelope_address(sender)}\r\nrcpt TO:{_envelope_address(recipient)}\r\ndata\r\n")
+    except (OSError, smtplib.SMTPServerDisconnected) as exc:
+        exc.senddock_phase = "mail"  # type: ignore[attr-defined]
+        raise
+    code, reply = _step(conn.getreply, "mail")
+    if code >= 400:
+        _abandon(conn, 2)
+        return result_for("mail", code, _text(reply))
+    code, reply = _step(conn.getreply, "rcpt")
+    if code >= 400:
+        _abandon(conn, 1)
+        return result_for("rcpt", code, _text(reply))
+    code, reply = _step(conn.getreply, "data")
+    if code != 354:  # refused before the message was transferred (smtplib's SMTPDataError)
+        _reset(conn)
+        return result_for("data", code, _text(reply))
+    try:
+        conn.send(_data_lines(data))
+        code, reply = conn.getreply()
+    except (OSError, smtplib.SMTPServerDisconnected) as exc:
+        # The server may have accepted the message before the connection broke: in doubt.
+        exc.senddock_phase = "data"  # type: ignore[attr-defined]
+        exc.senddock_may_have_sent = True  # type: ignore[attr-defined]
+        raise
+    if code >= 400:
+        _reset(conn)
+        return result_for("data", code, _text(reply))
+    return result_for("data", code, _text(reply), ok=True)
+
+
+def _data_lines(data: bytes) -> bytes:
+    """The message as smtplib's data() writes it after the 354: leading dots doubled (RFC 5321
+    4.5.2), a final CRLF, then the lone dot."""
+    stuffed = _LEADING_DOT.sub(b"..", data)
+    return stuffed + (b"" if stuffed.endswith(b"\r\n") else b"\r\n") + b".\r\n"
+
+
+def _abandon(conn: smtplib.SMTP, due: int) -> None:
+    """A pipelined transaction refused at MAIL or RCPT: read the ``due`` replies still coming (DATA's
+    is a 503 or 554 then; a relay that says 354 all the same gets the lone dot, an empty message to
+    no one), then RSET. A relay that hangs up meanwhile (a 421 does) leaves a connection the next
+    send finds closed and replaces."""
+    try:
+        for _ in range(due):
+            code, _ = conn.getreply()
+        if code == 354:
+            conn.send(b".\r\n")
+            conn.getreply()
+    except (OSError, smtplib.SMTPException):
+        return
+    _reset(conn)
+
+
 def _envelope_address(address: str) -> str:
     """``<address>`` for MAIL or RCPT. A plain addr-spec (what senddock stores) is written as it
     is: smtplib's mail() and rcpt() parse every address again with email.utils, a tenth of a
@@ -262,10 +324,11 @@ def _envelope_address(address: str) -> str:
     return f"<{address}>" if _PLAIN_ADDRESS.fullmatch(address) else smtplib.quoteaddr(address)
 
 
-def _step(docmd, phase: str, argument: str) -> tuple[int, bytes]:
-    """MAIL or RCPT, written with docmd (see _envelope_address)."""
+def _step(call, phase: str, *argument: str) -> tuple[int, bytes]:
+    """MAIL or RCPT written with docmd (see _envelope_address), or a pipelined reply read: a broken
+    connection says in which phase it broke."""
     try:
-        return docmd(phase, argument)
+        return call(phase, *argument) if argument else call()
     except (OSError, smtplib.SMTPServerDisconnected) as exc:
         exc.senddock_phase = phase  # type: ignore[attr-defined]
         raise
