@@ -14,7 +14,7 @@ import smtplib
 import socket
 import ssl
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -242,10 +242,16 @@ def _transaction(held: _Connection, sender: str, recipient: str, data: bytes) ->
         _reset(conn)
         return result_for("rcpt", code, _text(reply))
     try:
-        code, reply = conn.data(data)
+        return _deliver(conn, lambda: conn.data(data))  # DATA, then the message after its 354
     except smtplib.SMTPDataError as exc:  # refused before the message was transferred
         _reset(conn)
         return result_for("data", exc.smtp_code, _text(exc.smtp_error))
+
+
+def _deliver(conn: smtplib.SMTP, transfer: Callable[[], tuple[int, bytes]]) -> SendResult:
+    """The message's transfer (``transfer`` writes it and reads the final reply)."""
+    try:
+        code, reply = transfer()
     except (OSError, smtplib.SMTPServerDisconnected) as exc:
         # The server may have accepted the message before the connection broke: in doubt.
         exc.senddock_phase = "data"  # type: ignore[attr-defined]
@@ -279,18 +285,12 @@ def _pipelined(conn: smtplib.SMTP, sender: str, recipient: str, data: bytes) -> 
     if code != 354:  # refused before the message was transferred (smtplib's SMTPDataError)
         _reset(conn)
         return result_for("data", code, _text(reply))
-    try:
+
+    def transfer() -> tuple[int, bytes]:
         conn.send(_data_lines(data))
-        code, reply = conn.getreply()
-    except (OSError, smtplib.SMTPServerDisconnected) as exc:
-        # The server may have accepted the message before the connection broke: in doubt.
-        exc.senddock_phase = "data"  # type: ignore[attr-defined]
-        exc.senddock_may_have_sent = True  # type: ignore[attr-defined]
-        raise
-    if code >= 400:
-        _reset(conn)
-        return result_for("data", code, _text(reply))
-    return result_for("data", code, _text(reply), ok=True)
+        return conn.getreply()
+
+    return _deliver(conn, transfer)
 
 
 def _data_lines(data: bytes) -> bytes:
