@@ -292,8 +292,10 @@ class FoldingPolicy(EmailPolicy):
         # A header object the registry shares between messages (see _ClassCachingRegistry) is
         # folded once per policy and name: the folding depends on nothing else. "Policy" by its
         # settings, not its identity: the generator clones the policy for every part of a
-        # multipart message (the parts' Content-Type was folded again for every message).
-        key = (self._settings, name)
+        # multipart message (the parts' Content-Type was folded again for every message). Read
+        # afresh each time: clone() copies an instance's cached attributes too.
+        key = (type(self), self.linesep, self.max_line_length, self.utf8, self.refold_source, self.cte_type,
+               self.header_factory, name)
         memo = getattr(value, "_senddock_folded", None)
         if memo is not None and memo[0] == key:
             return memo[1]
@@ -302,12 +304,6 @@ class FoldingPolicy(EmailPolicy):
         if hasattr(value, "_defects"):  # a header object (a plain str takes no attributes)
             value._senddock_folded = (key, data)
         return data
-
-    @functools.cached_property
-    def _settings(self) -> tuple:
-        """What folding depends on, of this policy (immutable: clone() makes a new one)."""
-        return (type(self), self.linesep, self.max_line_length, self.utf8, self.refold_source,
-                self.cte_type, self.header_factory)
 
 
 class _ClassCachingRegistry(HeaderRegistry):

@@ -324,3 +324,19 @@ def test_a_campaigns_messages_share_a_boundary_that_no_body_holds(composer):
     assert parsed.get_boundary() != boundary
     assert [p.get_content_type() for p in parsed.iter_parts()] == ["text/plain", "text/html"]
     assert f"--{boundary}" in parsed.get_body(("plain",)).get_content()
+
+
+def test_a_header_folded_once_is_folded_again_for_a_policy_with_other_line_ends(composer):
+    """The fold memo is per policy settings: a clone with LF line ends gets the email package's
+    Content-* lines with LF (senddock's own folder writes CRLF whatever the policy)."""
+    from email.generator import BytesGenerator
+    from io import BytesIO
+
+    from senddock.mail.headerfold import POLICY
+
+    message, _ = build(composer)
+    built = mime.build_email(message)
+    assert b'charset="utf-8"\r\n' in built.as_bytes()  # folded (and memoized) for CRLF
+    out = BytesIO()
+    BytesGenerator(out, policy=POLICY.clone(linesep="\n")).flatten(built)
+    assert b'charset="utf-8"\n' in out.getvalue() and b'charset="utf-8"\r\n' not in out.getvalue()
