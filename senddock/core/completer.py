@@ -67,8 +67,8 @@ class Done:
     job: ClaimedJob
     row: ResultRow | None = None  # None: the send never began, the job goes back as it was
     verdict: Classification | None = None
-    # Set once the result is committed and acted on (a breaker tripped, a pause registered): the
-    # sender of anything but a delivery waits for it before its next job (see Senders._run).
+    # Set once the result is committed and acted on (a breaker tripped, a pause registered): until
+    # then no sender begins another job of the campaign (see Senders._settled).
     committed: threading.Event | None = None
 
 
@@ -275,8 +275,19 @@ class Completer(threading.Thread):
 
     def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue,
               kept: int = 0) -> None:
-        """A group committed: the failure breaker, then slots back (but the ``kept`` ones the
-        deck's jobs take over), claims settled (or held while unsure), aftercare fed."""
+        """A group committed: see _act_on. Its senders waiting for the commit go on whatever
+        happens (a connection lost mid-way must not park them until the node stops)."""
+        try:
+            self._act_on(group, recorded, unsure, queue, kept)
+        finally:
+            for done in group:
+                if done.committed is not None:
+                    done.committed.set()
+
+    def _act_on(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue,
+                kept: int = 0) -> None:
+        """The failure breaker, then slots back (but the ``kept`` ones the deck's jobs take over),
+        claims settled (or held while unsure), aftercare fed."""
         held: set[int] = set()
         for done in group:
             if done.row is None:
@@ -311,8 +322,6 @@ class Completer(threading.Thread):
             else:
                 self._claims.settle(done.job.claim_token)
             handed.append(item)
-            if done.committed is not None:
-                done.committed.set()
         self._aftercare.put(handed)
 
     # -- when a commit's fate is unknown ---------------------------------------------------------

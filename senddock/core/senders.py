@@ -51,6 +51,9 @@ class Senders:
         self._stopping = stopping
         self._completer = completer
         self._halts = halts or Halts()
+        # Per campaign, the commits still awaited of its results that are not deliveries (see
+        # _settled): any sender's next job of that campaign waits for them.
+        self._unsettled: dict[int, set[threading.Event]] = {}
         self._send_duration = (metrics or NodeMetrics()).send_duration.labels(transport=config.transport)
         self._jobs: queues.SimpleQueue[Dispatch | None] = queues.SimpleQueue()
         self._closed = False  # stop() was called: a job handed over now goes back unstarted
@@ -106,10 +109,29 @@ class Senders:
                 self._jobs.put(None)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        self._put_back_waiting()
         with self._started:  # a thread leaves worker_started under this lock: the two lists agree
             starting = set(self._starting)
             stuck = [t.name for t in self._threads if t.is_alive()]
         return [name for name in stuck if name not in starting], sorted(starting & set(stuck))
+
+    def _put_back_waiting(self) -> None:
+        """After the deadline: jobs still waiting for a sender (every thread was busy) go back
+        unsent, not left marked begun for recovery to call in doubt; the threads still busy get
+        their None again."""
+        waiting = []
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queues.Empty:
+                break
+            if item is not None:
+                waiting.append(item)
+        for dispatch in waiting:
+            self._completer.put(Done(dispatch.job))
+        for thread in self._threads:
+            if thread.is_alive():
+                self._jobs.put(None)
 
     def _run(self) -> None:
         state: dict[str, Any] = {}
@@ -123,22 +145,35 @@ class Senders:
                     # began, raised inside results.send and is a result, not this).
                     log.exception("sender_error", job_id=dispatch.job.id)
                     done = Done(dispatch.job)
+                if done.committed is not None:
+                    with self._lock:  # before the completer has it: no sender may miss it
+                        self._unsettled.setdefault(dispatch.job.campaign_id, set()).add(done.committed)
                 self._completer.put(done)
-                if done.row is not None and done.row.result.outcome != "sent":
-                    self._await_commit(done)
         finally:
             try:
                 self.pm.hook.worker_stopped(worker_state=state, config=self.config)
             except Exception as exc:
                 log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
 
-    def _await_commit(self, done: Done) -> None:
-        """Anything but a delivery may trip a breaker or pause its campaign, and this sender's next
-        job (marked begun already, see inflight.RUNWAY) may be of that campaign: it waits until the
-        completer has acted on the result (or the node stops: nothing more is sent then)."""
-        while not done.committed.wait(0.1):
-            if self._stopping.is_set():
+    def _settled(self, campaign_id: int) -> None:
+        """Anything but a delivery may trip a breaker or pause its campaign, and the jobs waiting
+        for a sender are marked begun already (see inflight.RUNWAY): a job of a campaign with such
+        a result not yet committed waits until the completer has acted on it (or the node stops:
+        nothing more is sent then), so the Halts check after this sees the pause."""
+        while True:
+            with self._lock:
+                events = self._unsettled.get(campaign_id)
+                if events:
+                    events.difference_update([e for e in events if e.is_set()])
+                    if not events:
+                        del self._unsettled[campaign_id]
+                pending = list(events or ())
+            if not pending:
                 return
+            for event in pending:
+                while not event.wait(0.1):
+                    if self._stopping.is_set():
+                        return
 
     def _prepare(self, state: dict[str, Any]) -> None:
         """The worker_started hook (a transport opens its connection ahead), then ready."""
@@ -153,6 +188,7 @@ class Senders:
 
     def _send(self, dispatch: Dispatch, state: dict[str, Any]) -> Done:
         job = dispatch.job
+        self._settled(job.campaign_id)
         if (self._stopping.is_set() or not self._lifeline.may_send()
                 or self._halts.stops(job.campaign_id, dispatch.claimed_monotonic)):
             # Shutting down, self-fenced (the heartbeat is too old), or its campaign paused by this

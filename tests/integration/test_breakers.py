@@ -53,6 +53,24 @@ def test_a_relay_refusing_everyone_with_the_generic_550_suppresses_nobody(make_c
     app.close()
 
 
+def test_a_breaker_trips_before_the_senders_next_jobs_of_its_campaign_begin(make_config, smtp_sink):
+    """Four senders, each with its next job marked begun already (the runway): once a failure that
+    is not the recipient's comes back, no job of its campaign begins until its commit (and the
+    breaker) has acted, so the relay sees the breaker's 5 failures plus at most the sends already
+    in flight then, one per sender."""
+    smtp_sink.handler.rules = [FailRule.parse("*=550 Requested action not taken: mailbox unavailable (relaying denied)")]
+    smtp_sink.handler.delay = 0.02
+    app = Senddock(make_config(fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 5},
+                                             concurrency=4)))
+    campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(200)])
+    drain(app.config)
+    status = app.campaign_status(campaign_id)
+    assert status.status == "paused"
+    assert 5 <= status.failed_by_reason["rejected"] <= 5 + 4, status.failed_by_reason
+    assert suppressed(app) == {}
+    app.close()
+
+
 def _through_a_lying_relay(make_config, sink, recipients: int, workers: int) -> tuple[Senddock, int, list[str]]:
     """A broadcast drained through a misconfigured relay that says "user unknown" for everyone."""
     sink.handler.rules = [FailRule.parse("*=550 5.1.1 <x>: Recipient address rejected: User unknown")]

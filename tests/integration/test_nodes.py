@@ -302,6 +302,31 @@ def test_a_stop_while_senders_are_still_starting_names_them_apart(make_config, s
         app.close()
 
 
+def test_a_stop_puts_back_unsent_the_jobs_still_waiting_for_a_busy_sender(make_config, smtp_sink, database_dsn):
+    """Both senders stuck in a send past the shutdown timeout, each with its next job marked begun
+    and waiting (the runway): the stop puts those two back as they were, so only the two sends
+    that began are left to recovery (in doubt)."""
+    from tests_support import running_node
+
+    smtp_sink.handler.delay = 3.0  # each send waits this long for the relay's answer to DATA
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=2, shutdown_timeout="300ms")))
+    make_broadcast(app, [f"user{i}@example.com" for i in range(10)])
+
+    def begun() -> int:
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            return conn.execute("SELECT count(*) FROM broadcast_jobs WHERE status = 'sending' AND send_begun"
+                                ).fetchone()[0]
+
+    with running_node(app.config):
+        deadline = time.monotonic() + 10
+        while begun() < 4:  # two sending, two marked for them
+            assert time.monotonic() < deadline, "the senders' next jobs were never marked"
+            time.sleep(0.02)
+    assert begun() == 2
+    assert smtp_sink.received == []  # the stuck sends had not been answered yet
+    app.close()
+
+
 def test_due_retries_are_claimed_before_pending_jobs(senddock_app, database_dsn):
     make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(20)])
     with psycopg.connect(database_dsn, autocommit=True) as conn:
