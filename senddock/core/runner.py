@@ -98,7 +98,8 @@ class Runner:
         self._wake = threading.Condition()
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
-        self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, Halts())
+        self.halts = Halts()  # campaigns stopped since their next jobs were marked (see inflight.RUNWAY)
+        self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, self.halts)
         self.held_claims = HeldClaims()
         self.slots = Slots(self.concurrency)  # both sized when the pipeline starts
         self.deck = Deck(0, self.slots)
@@ -257,7 +258,7 @@ class Runner:
             may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
         )
         self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
-                               self.concurrency, self.metrics, self.aftercare.halts)
+                               self.concurrency, self.metrics, self.halts)
         self.claimer = Claimer(
             self.config, self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims,
             contents=contents, gate=gate, senders=self.senders,

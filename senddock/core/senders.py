@@ -160,6 +160,8 @@ class Senders:
         for a sender are marked begun already (see inflight.RUNWAY): a job of a campaign with such
         a result not yet committed waits until the completer has acted on it (or the node stops:
         nothing more is sent then), so the Halts check after this sees the pause."""
+        if campaign_id not in self._unsettled:  # the common case, read without the lock every send takes
+            return
         while True:
             with self._lock:
                 events = self._unsettled.get(campaign_id)

@@ -142,9 +142,13 @@ def build_email(message: Message, *, message_id_domain: str | None = None) -> Em
     return email
 
 
+def _new_boundary() -> str:
+    return "=" * 15 + f"{secrets.randbelow(sys.maxsize):019d}" + "=="  # the email package's form
+
+
 @functools.lru_cache(maxsize=1024)
 def _campaign_boundary(campaign_id: int) -> str:
-    return "=" * 15 + f"{secrets.randbelow(sys.maxsize):019d}" + "=="  # the email package's form
+    return _new_boundary()
 
 
 def _boundary(campaign_id: int, texts: list[str]) -> str:
@@ -155,7 +159,7 @@ def _boundary(campaign_id: int, texts: list[str]) -> str:
     recipient's data may) gets a fresh one drawn for that message."""
     boundary = _campaign_boundary(campaign_id)
     while any("--" + boundary in text for text in texts):
-        boundary = "=" * 15 + f"{secrets.randbelow(sys.maxsize):019d}" + "=="
+        boundary = _new_boundary()
     return boundary
 
 
