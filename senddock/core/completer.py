@@ -43,19 +43,19 @@ log = structlog.get_logger(__name__)
 
 # Results per statement at most: a group commit this big already costs little per result.
 MAX_GROUP = 500
-# With at least LINGER_IN_FLIGHT jobs begun and not collected yet (sends in flight, and the next
-# jobs marked for their senders: see inflight.RUNWAY), a group of deliveries waits up to LINGER
-# for more results: the relay stays busy meanwhile, and a commit then carries a dozen results or
-# more rather than two or three (groups that large make the claimer stop using its deck: a claim
-# refills their slots as cheaply, see claimer.MARK_COST). At concurrency 200 and a 50 ms relay
-# this cut Postgres's CPU per message from about 330 to 170 us (a /tmp script's alternating runs
-# sent 14% more on average; bench/inflight.py could not tell it from the noise); waiting until 8
-# results (the deck kept) gained nothing measurable. At the default concurrency 50 (100 slots)
-# against a local relay it cut commits per message from 0.7-0.8 to 0.3 and Postgres's CPU per
-# message from 330-360 to 140-170 us. A node with fewer slots never waits: they are scarce, and a
-# result's slot is free only once committed. The wait holds slots for up to 10 ms, which costs
-# nothing while the senders have their next jobs (the runway) or the node is bound by its CPU or
-# the relay rather than by its slots.
+# A group of deliveries waits up to LINGER for more results while waiting costs no sender its next
+# job: while jobs marked begun wait for a sender (the runway, see inflight.RUNWAY: every sender
+# has its next job, so no slot the commit would free is needed yet), or while at least
+# LINGER_IN_FLIGHT jobs are begun and not collected (a slow relay at a high concurrency, where
+# results trickle in two or three per commit). A commit then carries every sender's result rather
+# than one or two. Against a local relay at concurrency 5 the runway's wait cut group commits per
+# message from 0.6 to 0.2, and the node's and Postgres's CPU per message from about 660 and 340
+# us to 590 and 260 (with the larger deck of inflight.DECK_FLOOR; /tmp script, alternating). The
+# in-flight wait, at concurrency 200 and a 50 ms relay, cut Postgres's CPU per message from about
+# 330 to 170 us, and at the default concurrency 50 against a local relay commits per message from
+# 0.7-0.8 to 0.3. Groups that large make the claimer stop using its deck (a claim refills their
+# slots as cheaply, see claimer.MARK_COST). The wait never touches the in-doubt bound: the slots
+# are the same.
 LINGER = 0.010
 LINGER_IN_FLIGHT = 64
 
@@ -89,6 +89,7 @@ class Completer(threading.Thread):
         throttled: Callable[[Queue, list[ClaimedJob]], None] = lambda queue, jobs: None,
         dispatch: Callable[[list[tuple[ClaimedJob, float]]], None] = lambda jobs: None,
         may_refill: Callable[[], bool] = lambda: False,
+        waiting_for_senders: Callable[[], int] = lambda: 0,
     ) -> None:
         super().__init__(name="senddock-completer", daemon=True)
         self._db = db
@@ -97,6 +98,7 @@ class Completer(threading.Thread):
         self._deck = deck
         self._dispatch = dispatch  # jobs of the deck marked begun: to the senders, in the freed slots
         self._may_refill = may_refill  # not stopping, not self-fenced
+        self._waiting_for_senders = waiting_for_senders  # jobs marked begun that no sender has taken yet
         self._claims = claims
         self._aftercare = aftercare
         self._lifeline = lifeline
@@ -229,7 +231,8 @@ class Completer(threading.Thread):
         """Whether to wait for more results before committing (see LINGER): never when stopping,
         nor for a group with anything but deliveries in it (a failure may trip a breaker, a pause
         outcome pauses its campaign: both must commit before more of the campaign begins)."""
-        return delivered and not self._closing.is_set() and self._slots.in_use - collected >= LINGER_IN_FLIGHT
+        return delivered and not self._closing.is_set() and (
+            self._waiting_for_senders() > 0 or self._slots.in_use - collected >= LINGER_IN_FLIGHT)
 
     def _commit(self, queue: Queue, group: list[Done]) -> None:
         back = [d.job for d in group if d.row is None]

@@ -30,7 +30,7 @@ from senddock.core.completer import Completer
 from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
-from senddock.core.inflight import RUNWAY, Deck, Halts, HeldClaims, Slots
+from senddock.core.inflight import DECK_FLOOR, RUNWAY, Deck, Halts, HeldClaims, Slots
 from senddock.core.migrations import applied_versions, latest_version
 from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.pacing_gate import PacingGate
@@ -249,13 +249,15 @@ class Runner:
         self.slots = Slots(self.concurrency if gate.configured else self.concurrency * RUNWAY)
         # Jobs claimed ahead, to refill the slots a group commit frees; none under pacing limits
         # (each job's limits are taken when it may begin, by the claimer's gate).
-        self.deck = Deck(0 if gate.configured else min(self.slots.size, self.config.claim_batch), self.slots)
+        self.deck = Deck(0 if gate.configured else min(max(self.slots.size, DECK_FLOOR), self.config.claim_batch),
+                         self.slots)
         self.completer = Completer(
             self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims, aftercare=self.aftercare,
             lifeline=self.lifeline, async_results=self.config.database.result_commit == "async",
             finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
             throttled=gate.throttled, dispatch=lambda jobs: self.senders.submit_claimed(jobs),
             may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
+            waiting_for_senders=lambda: self.senders.waiting(),
         )
         self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
                                self.concurrency, self.metrics, self.halts)

@@ -88,6 +88,10 @@ class Senders:
         # stop): never started, the job goes back with its slot.
         self._completer.put(Done(dispatch.job))
 
+    def waiting(self) -> int:
+        """Jobs marked begun and waiting for a sender (while there are, no sender is idle)."""
+        return self._jobs.qsize()
+
     def submit_claimed(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
         """Jobs marked begun with the monotonic time their claim's reply arrived."""
         for job, claimed_at in jobs:

@@ -74,11 +74,11 @@ def test_a_claimer_waiting_for_a_slot_wakes_when_the_deck_runs_low():
     assert woke and woke[0] < 2.0
 
 
-def completer_with(slots: Slots) -> Completer:
+def completer_with(slots: Slots, waiting_for_senders: int = 0) -> Completer:
     """A completer whose grouping alone is used: nothing here reaches a database."""
     return Completer(None, None, slots=slots, deck=Deck(0, slots), claims=HeldClaims(), aftercare=None,  # type: ignore[arg-type]
                      lifeline=None, async_results=False, finish_campaigns=lambda queue, ids: None,  # type: ignore[arg-type]
-                     queue_dry=lambda: False)
+                     queue_dry=lambda: False, waiting_for_senders=lambda: waiting_for_senders)
 
 
 SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True)
@@ -140,13 +140,17 @@ def test_a_stopping_completer_commits_at_once(monkeypatch: pytest.MonkeyPatch):
     assert [d.job.id for d in group] == [1] and closed
 
 
-def test_with_few_sends_in_flight_a_group_is_committed_at_once(monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("waiting", [0, 3], ids=["no sender has a job waiting", "jobs wait for the senders"])
+def test_with_few_sends_in_flight_a_group_waits_only_while_every_sender_has_its_next_job(
+        monkeypatch: pytest.MonkeyPatch, waiting: int):
+    # Jobs marked begun and not taken by a sender yet: no sender is idle, nobody needs the slots the
+    # commit frees, so more results may join the group. None: a sender may be waiting for them.
     monkeypatch.setattr(completers, "LINGER", 1.0)
-    slots = Slots(50)
-    slots.take(50)  # the default concurrency: its slots are scarce, nothing waits
-    completer = completer_with(slots)
+    slots = Slots(10)
+    slots.take(10)  # concurrency 5 with its runway: too few in flight for the in-flight wait
+    completer = completer_with(slots, waiting_for_senders=waiting)
     completer.put(result(1))
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
-    assert [d.job.id for d in group] == [1]
+    assert [d.job.id for d in group] == ([1, 2, 3, 4, 5] if waiting else [1])
