@@ -39,6 +39,11 @@ _LIST_ID = re.compile(r'"((?:[^"\\]|\\.)*)" (<[^<>]*>)')
 _ADDRESS_HEADERS = frozenset({"from", "to", "cc", "reply-to", "sender"})
 
 
+def printable_ascii(text: str) -> bool:
+    """Whether ``text`` is printable ASCII alone (no tab): such a value is never encoded."""
+    return _PRINTABLE.fullmatch(text) is not None
+
+
 def _q_length(text: str) -> int:
     return sum(1 if b in _Q_SAFE or b == 0x20 else 3 for b in text.encode("utf-8"))
 

@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import binascii
 import functools
+import re
 import secrets
 import sys
+import time
 import uuid
 from collections.abc import Collection
+from datetime import datetime, timezone
+from typing import Any
 from email import base64mime
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import format_datetime, getaddresses, localtime
 
-from senddock.mail.headerfold import POLICY
+from senddock.mail.headerfold import POLICY, fold, fold_addresses, printable_ascii
 from senddock.outcome import Message
 
 BODY_LINE = 76  # RFC 2045 6.7, 6.8: quoted-printable and base64 lines are at most 76 characters
@@ -106,26 +110,51 @@ def _from_header(from_addr: str) -> Address | str:
     return _mailbox(name, address)
 
 
-def build_email(message: Message, *, message_id_domain: str | None = None) -> EmailMessage:
-    """The message as an EmailMessage (not yet signed: see :func:`message_bytes`)."""
-    campaign, content, recipient = message.campaign, message.content, message.recipient
-    email = EmailMessage(policy=POLICY)
-    email["From"] = _from_header(campaign.from_addr)
-    email["To"] = _mailbox(recipient.name, recipient.email)
+def _headers(message: Message, message_id_domain: str | None) -> list[tuple[str, Any]]:
+    """The message's header fields in order, but for its Content-* fields."""
+    campaign, recipient = message.campaign, message.recipient
+    headers: list[tuple[str, Any]] = [("From", _from_header(campaign.from_addr)),
+                                      ("To", _mailbox(recipient.name, recipient.email))]
     if campaign.reply_to:
-        email["Reply-To"] = _from_header(campaign.reply_to)
-    email["Subject"] = content.subject
-    email["Date"] = format_datetime(localtime())
-    email["Message-ID"] = (
+        headers.append(("Reply-To", _from_header(campaign.reply_to)))
+    headers.append(("Subject", message.content.subject))
+    headers.append(("Date", _date_now()))
+    headers.append(("Message-ID", (
         message_id_for(message.broadcast_id, message.job_id, message_id_domain, message.bounce_token)
         if message_id_domain
         else message.message_id
-    )
-    for name, value in message.headers.items():
+    )))
+    headers.extend(message.headers.items())
+    headers.append(("MIME-Version", "1.0"))
+    return headers
+
+
+_last_date: tuple[int, str] = (-1, "")
+
+
+def _date_now() -> str:
+    """The Date field's text for now, in local time: formatted once a second, not once a message."""
+    global _last_date
+    second = int(time.time())
+    last = _last_date  # one read: another thread may replace it meanwhile
+    if last[0] != second:
+        last = _last_date = (second, format_datetime(localtime(datetime.fromtimestamp(second, timezone.utc))))
+    return last[1]
+
+
+def _parts(message: Message) -> list[tuple[str, str]]:
+    """(text, subtype) of each alternative, plain before html; an empty html part for no body."""
+    content = message.content
+    return [(body, subtype) for body, subtype in ((content.text_body, "plain"), (content.html_body, "html"))
+            if body is not None] or [("", "html")]
+
+
+def build_email(message: Message, *, message_id_domain: str | None = None) -> EmailMessage:
+    """The message as an EmailMessage (not yet signed: see :func:`message_bytes`)."""
+    email = EmailMessage(policy=POLICY)
+    for name, value in _headers(message, message_id_domain):
         email[name] = value
-    email["MIME-Version"] = "1.0"
-    parts = [(body, subtype) for body, subtype in ((content.text_body, "plain"), (content.html_body, "html"))
-             if body is not None] or [("", "html")]
+    parts = _parts(message)
     if len(parts) == 1:
         _set_text(email, *parts[0])
     else:
@@ -135,7 +164,7 @@ def build_email(message: Message, *, message_id_domain: str | None = None) -> Em
             _set_text(part, body, subtype)
             alternatives.append(part)
         # As make_alternative() then the generator would write it, with the campaign's boundary.
-        boundary = _boundary(campaign.campaign_id, [part.get_payload() for part in alternatives])
+        boundary = _boundary(message.campaign.campaign_id, [part.get_payload() for part in alternatives])
         email["Content-Type"] = f'multipart/alternative; boundary="{boundary}"'
         for part in alternatives:
             email.attach(part)
@@ -164,7 +193,16 @@ def _boundary(campaign_id: int, texts: list[str]) -> str:
 
 
 def _set_text(part: EmailMessage, text: str, subtype: str) -> None:
-    """UTF-8 text in a 7-bit transfer encoding, whichever is the shorter for this text.
+    """``part``'s Content-* fields and payload: see :func:`_encoded_text`."""
+    content_type, cte, payload = _encoded_text(text, subtype)
+    part["Content-Type"] = content_type
+    part["Content-Transfer-Encoding"] = cte
+    part.set_payload(payload)
+
+
+def _encoded_text(text: str, subtype: str) -> tuple[str, str, str]:
+    """(Content-Type, Content-Transfer-Encoding, payload): UTF-8 text in a 7-bit transfer
+    encoding, whichever is the shorter for this text.
 
     7bit when it is ASCII in short lines; quoted-printable while at most one byte in six is
     8-bit (mostly-Latin text: QP costs 3 characters for such a byte, base64 4/3 for every
@@ -181,9 +219,7 @@ def _set_text(part: EmailMessage, text: str, subtype: str) -> None:
     else:
         cte = "base64"  # of the canonical form, CRLF line breaks (RFC 2045 6.8)
         payload = base64mime.body_encode(data.replace(b"\n", b"\r\n"), maxlinelen=BODY_LINE, eol="\n")
-    part["Content-Type"] = f'text/{subtype}; charset="utf-8"'
-    part["Content-Transfer-Encoding"] = cte
-    part.set_payload(payload)
+    return f'text/{subtype}; charset="utf-8"', cte, payload
 
 
 def message_bytes(message: Message, *, message_id_domain: str | None = None,
@@ -192,6 +228,103 @@ def message_bytes(message: Message, *, message_id_domain: str | None = None,
 
     ``unsigned_headers``: headers the transport's provider rewrites, left out of the signature.
     """
-    data = build_email(message, message_id_domain=message_id_domain).as_bytes()
+    data = _written(message, message_id_domain)
+    if data is None:
+        data = build_email(message, message_id_domain=message_id_domain).as_bytes()
     return message.signer.sign(data, exclude=unsigned_headers) if message.signer is not None else data
 
+
+
+# -- the message written without an EmailMessage ----------------------------------------------------
+#
+# What the email package's generator writes for build_email's message, written directly: the same
+# header lines (senddock's folder for all but Content-*, the email package's own, memoized, for
+# those), a blank line, the payload with CRLF line ends, and for two parts the boundary lines as
+# its _handle_multipart writes them. Building and flattening an EmailMessage was a fifth of a
+# sender's CPU against a local relay. A message with anything the shortcut does not vouch for
+# (a header the email package would parse, check or fold itself) is built the long way instead;
+# tests/unit/test_message_encoding.py checks both give the same bytes.
+
+_DOT_ATOM = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*")
+_LINE_BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # what str.splitlines() splits at
+_HEADER_NAME = re.compile(r"[!-9;-~]+")  # RFC 5322 ftext
+
+
+def _written(message: Message, message_id_domain: str | None) -> bytes | None:
+    """The message's bytes unsigned, as build_email(...).as_bytes() writes them, or None where
+    only that path can tell."""
+    lines = []
+    seen = set()
+    for name, value in _headers(message, message_id_domain):
+        lower = name.lower()
+        if lower in seen or not _HEADER_NAME.fullmatch(name):
+            return None  # a second field of a name the email package allows once (or a bad name)
+        seen.add(lower)
+        line = _header_line(name, lower, value)
+        if line is None:
+            return None
+        lines.append(line)
+    parts = [_encoded_text(text, subtype) for text, subtype in _parts(message)]
+    if len(parts) == 1:
+        content_type, cte, payload = parts[0]
+        lines += [_content_line("Content-Type", content_type), _content_line("Content-Transfer-Encoding", cte),
+                  "\r\n", _crlf(payload)]
+        return "".join(lines).encode("ascii")
+    boundary = _boundary(message.campaign.campaign_id, [payload for _, _, payload in parts])
+    lines += [_content_line("Content-Type", f'multipart/alternative; boundary="{boundary}"'), "\r\n"]
+    for i, (content_type, cte, payload) in enumerate(parts):
+        lines += ["\r\n" if i else "", "--", boundary, "\r\n", _content_line("Content-Type", content_type),
+                  _content_line("Content-Transfer-Encoding", cte), "\r\n", _crlf(payload)]
+    lines += ["\r\n--", boundary, "--\r\n"]
+    return "".join(lines).encode("ascii")
+
+
+def _header_line(name: str, lower: str, value: Any) -> str | None:
+    """The field as senddock's folder writes it, where the email package would store it as given."""
+    if lower in _ADDRESS_FIELDS:
+        if isinstance(value, str):
+            local, at, domain = value.rpartition("@")
+            key = ("", local, domain) if at else None
+        elif isinstance(value, Address):
+            key = (value.display_name, value.username, value.domain)
+        else:
+            key = None
+        if key is None or not _DOT_ATOM.fullmatch(key[1]) or not _DOT_ATOM.fullmatch(key[2]):
+            return None  # an address the email package would parse (and might quote) or build otherwise
+        return _address_line(name, *key)
+    if not isinstance(value, str) or _LINE_BREAKS.search(value):
+        return None  # the email package refuses a value with a line break
+    if lower != "subject" and lower in _REGISTERED and lower not in _STORED_AS_GIVEN:
+        return None  # a field the email package parses into something else (Cc, Sender, Content-*...)
+    if lower not in ("subject", "date", "message-id", "mime-version") and not printable_ascii(value):
+        return None  # its own folding (a header that is not ASCII)
+    return _text_line(name, value)
+
+
+# Most fields repeat from one message of a campaign to the next (From, Subject, List-Id, Date
+# within a second...): each is folded once. Those of one recipient only pass through.
+@functools.lru_cache(maxsize=256)
+def _address_line(name: str, display_name: str, username: str, domain: str) -> str:
+    return fold_addresses(name, [Address(display_name=display_name, username=username, domain=domain)])
+
+
+@functools.lru_cache(maxsize=256)
+def _text_line(name: str, value: str) -> str | None:
+    return fold(name, value)
+
+
+_ADDRESS_FIELDS = frozenset({"from", "to", "reply-to"})
+# Fields the registry knows whose text the email package keeps as given (str(header) == value) for
+# the values senddock sets: a Date it formatted, a Message-ID it made, MIME-Version 1.0.
+_STORED_AS_GIVEN = frozenset({"date", "message-id", "mime-version"})
+_REGISTERED = frozenset(POLICY.header_factory.registry)
+
+
+@functools.lru_cache(maxsize=256)
+def _content_line(name: str, value: str) -> str:
+    """A Content-* field folded by the email package, as its generator would."""
+    return POLICY.fold_binary(name, POLICY.header_factory(name, value)).decode("ascii")
+
+
+def _crlf(payload: str) -> str:
+    return payload.replace("\n", "\r\n")

@@ -3,7 +3,9 @@ RFC 2047-encoded, 7-bit clean bodies, encoded-words of at most 75 characters, fo
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from email import message_from_bytes
 from email.header import decode_header
 from email.policy import default as default_policy
@@ -307,6 +309,59 @@ def test_the_message_is_the_bytes_the_email_package_writes(composer, subject, te
     message, _ = build(composer, campaign(subject=subject, text_body=text, html_body=html))
     fast, slow = email_package_bytes(message)
     assert fast == slow
+
+
+RECIPIENTS = {
+    "a display name that is not ASCII": Recipient("juergen@example.com", "Jürgen Müller", {}, subscriber_id=1),
+    "no display name": Recipient("plain@example.com", "", {}, subscriber_id=2),
+    "a name to quote": Recipient("jim@example.com", 'Doe, "Jim" (Sales)', {}, subscriber_id=3),
+    "a long name": Recipient("long@example.com", "Maximilian Alexander " * 6, {}, subscriber_id=4),
+    "an IDN domain": Recipient("user@bücher.example", "Ünal", {}, subscriber_id=5),
+    "a quoted local part": Recipient('"john doe"@example.com', "John", {}, subscriber_id=6),
+    "a quoted local part, no name": Recipient('"john doe"@example.com', "", {}, subscriber_id=7),
+}
+CONTENTS = {
+    "two parts": {},
+    "text only": {"html_body": None},
+    "html only": {"text_body": None},
+    "no body": {"text_body": None, "html_body": None},
+    "a reply-to": {"reply_to": "Support Team <help@example.com>"},
+    "a reply-to that is not ASCII": {"reply_to": "Zoë Support <help@example.com>"},
+    "a plain from": {"from_addr": "news@example.com"},
+    "a long subject that is not ASCII": {"subject": "Grüße aus Köln " * 12, "text_body": "Привет " * 40},
+    "a subject like an encoded-word": {"subject": "=?utf-8?q?x?= {{ subscriber.name }}"},
+    "a list name that is not ASCII": {"list_name": "Bücherwurm-Rundbrief"},
+    "no list": {"list_id": None, "list_name": None},
+}
+
+
+@pytest.mark.parametrize("recipient", RECIPIENTS.values(), ids=RECIPIENTS.keys())
+@pytest.mark.parametrize("changes", CONTENTS.values(), ids=CONTENTS.keys())
+@pytest.mark.parametrize("message_id_domain", [None, "mail.example.com"])
+def test_the_message_written_directly_is_the_one_the_email_package_writes(
+        composer, monkeypatch: pytest.MonkeyPatch, recipient, changes, message_id_domain):
+    """message_bytes writes most messages without an EmailMessage (and builds one where it cannot
+    vouch for a header): either way, the bytes build_email's message flattens to."""
+    now = mime._date_now()
+    monkeypatch.setattr(mime, "_date_now", lambda: now)  # both paths in the same second
+    message, _ = build(composer, campaign(**changes), recipient)
+    unsigned = dataclasses.replace(message, signer=None)
+    written = mime.message_bytes(unsigned, message_id_domain=message_id_domain)
+    assert written == mime.build_email(unsigned, message_id_domain=message_id_domain).as_bytes()
+
+
+def test_a_message_with_a_field_the_email_package_refuses_is_refused_either_way(composer):
+    message, _ = build(composer)
+    for headers in ({"Subject": "twice"}, {"X-Note": "two\nlines"}):
+        with pytest.raises(ValueError):
+            mime.message_bytes(dataclasses.replace(message, signer=None, headers={**message.headers, **headers}))
+
+
+def test_the_date_is_now_in_local_time():
+    from email.utils import parsedate_to_datetime
+
+    written = parsedate_to_datetime(mime._date_now())
+    assert abs(written.timestamp() - time.time()) < 2 and written.utcoffset() is not None
 
 
 def test_a_campaigns_messages_share_a_boundary_that_no_body_holds(composer):
