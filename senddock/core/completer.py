@@ -107,6 +107,10 @@ class Completer(threading.Thread):
         self._queue_dry = queue_dry
         self._throttled = throttled  # slows the limits of sends the provider throttled
         self._inbox: queues.SimpleQueue[Done] = queues.SimpleQueue()
+        # While a group waits for the runway to empty (see LINGER), results join it without waking
+        # this thread for each: it is woken once the wait should end.
+        self._waiting_on_runway = False
+        self._wake = threading.Event()
         self._closing = threading.Event()  # no more input will come: record what is left and stop
         self._lock = threading.Lock()
         # Commits so far; results committed asynchronously, with the commit that carried them.
@@ -126,6 +130,14 @@ class Completer(threading.Thread):
         with self._lock:
             self.pending += 1
         self._inbox.put(done)
+        if self._waiting_on_runway and (done.row is None or done.row.result.outcome != "sent"):
+            self._wake.set()  # anything but a delivery is committed at once
+
+    def runway_empty(self) -> None:
+        """A sender took the last job waiting for the senders: a group waiting for more results
+        (see LINGER) is committed now, so the next sender to finish finds its next job."""
+        if self._waiting_on_runway:
+            self._wake.set()
 
     @property
     def flushes(self) -> int:
@@ -148,6 +160,7 @@ class Completer(threading.Thread):
         """No more results will come (the senders have stopped)."""
         self._closing.set()
         self._inbox.put(Done(job=None))  # type: ignore[arg-type]  # wakes the thread
+        self._wake.set()
 
     # -- the thread ----------------------------------------------------------------------------
 
@@ -204,13 +217,14 @@ class Completer(threading.Thread):
             first = self._inbox.get(timeout=0.1)
         except queues.Empty:
             return group, self._closing.is_set() and self._inbox.empty()
-        item = first
+        item: Done | None = first
         until = time.monotonic() + LINGER
         delivered = True  # every result in the group so far is a delivery
         while True:
-            if item.job is not None:
+            if item is not None and item.job is not None:
                 group.append(item)
                 delivered = delivered and item.row is not None and item.row.result.outcome == "sent"
+            item = None
             if len(group) >= MAX_GROUP:
                 break
             try:
@@ -221,11 +235,31 @@ class Completer(threading.Thread):
             left = until - time.monotonic()
             if left <= 0 or not self._worth_waiting(len(group), delivered):
                 break
+            if self._wait_for_runway(left):
+                continue  # woken: take what arrived meanwhile and look again
             try:
                 item = self._inbox.get(timeout=left)
             except queues.Empty:
                 break
         return group, self._closing.is_set() and self._inbox.empty()
+
+    def _wait_for_runway(self, left: float) -> bool:
+        """While jobs wait for the senders, wait up to ``left`` seconds for a sender to take the last
+        of them (or for a result that is not a delivery, or the close): the results joining
+        meanwhile do not wake this thread one by one. False when no job waits (the in-flight wait
+        applies then, woken by each result). The flag is raised before the state is read: a sender
+        that empties the runway after this reads the flag and wakes the thread, one before is seen
+        here; a wake left over from an earlier wait only makes the caller look again."""
+        self._waiting_on_runway = True
+        try:
+            if self._waiting_for_senders() == 0:
+                return False
+            if self._inbox.empty():
+                self._wake.wait(left)
+            return True
+        finally:
+            self._wake.clear()
+            self._waiting_on_runway = False
 
     def _worth_waiting(self, collected: int, delivered: bool) -> bool:
         """Whether to wait for more results before committing (see LINGER): never when stopping,

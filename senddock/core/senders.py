@@ -142,6 +142,8 @@ class Senders:
         try:
             self._prepare(state)
             while (dispatch := self._jobs.get()) is not None:
+                if self._jobs.empty():
+                    self._completer.runway_empty()
                 try:
                     done = self._send(dispatch, state)
                 except Exception:

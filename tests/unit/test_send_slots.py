@@ -74,11 +74,13 @@ def test_a_claimer_waiting_for_a_slot_wakes_when_the_deck_runs_low():
     assert woke and woke[0] < 2.0
 
 
-def completer_with(slots: Slots, waiting_for_senders: int = 0) -> Completer:
-    """A completer whose grouping alone is used: nothing here reaches a database."""
+def completer_with(slots: Slots, waiting_for_senders: int | list[int] = 0) -> Completer:
+    """A completer whose grouping alone is used: nothing here reaches a database. A list for
+    ``waiting_for_senders`` is read afresh each time (a test changes it)."""
+    waiting = waiting_for_senders if isinstance(waiting_for_senders, list) else [waiting_for_senders]
     return Completer(None, None, slots=slots, deck=Deck(0, slots), claims=HeldClaims(), aftercare=None,  # type: ignore[arg-type]
                      lifeline=None, async_results=False, finish_campaigns=lambda queue, ids: None,  # type: ignore[arg-type]
-                     queue_dry=lambda: False, waiting_for_senders=lambda: waiting_for_senders)
+                     queue_dry=lambda: False, waiting_for_senders=lambda: waiting[0])
 
 
 SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True)
@@ -154,3 +156,38 @@ def test_with_few_sends_in_flight_a_group_waits_only_while_every_sender_has_its_
     group, _ = completer._collect()
     thread.join()
     assert [d.job.id for d in group] == ([1, 2, 3, 4, 5] if waiting else [1])
+
+
+@pytest.mark.parametrize("ending", ["the runway empties", "a failure arrives", "the senders stop"])
+def test_a_group_waiting_for_the_runway_is_committed_once_the_wait_should_end(
+        monkeypatch: pytest.MonkeyPatch, ending: str):
+    """Results join a group waiting on the runway without waking the completer one by one; it is
+    woken, well before LINGER, when a sender takes the last waiting job (the next sender to finish
+    would wait for the commit), when a result is not a delivery, or by the close."""
+    monkeypatch.setattr(completers, "LINGER", 5.0)
+    slots = Slots(10)
+    slots.take(10)
+    waiting = [3]
+    completer = completer_with(slots, waiting_for_senders=waiting)
+    completer.put(result(1))
+
+    def senders() -> None:
+        time.sleep(0.05)
+        completer.put(result(2))
+        time.sleep(0.2)
+        if ending == "the runway empties":
+            waiting[0] = 0
+            completer.runway_empty()
+        elif ending == "a failure arrives":
+            completer.put(result(3, RETRY))
+        else:
+            completer.close()
+
+    thread = threading.Thread(target=senders)
+    thread.start()
+    started = time.monotonic()
+    group, _ = completer._collect()
+    took = time.monotonic() - started
+    thread.join()
+    expected = [1, 2, 3] if ending == "a failure arrives" else [1, 2]
+    assert [d.job.id for d in group] == expected and 0.2 <= took < 2.0
