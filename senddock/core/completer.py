@@ -70,6 +70,10 @@ class Done:
     # Set once the result is committed and acted on (a breaker tripped, a pause registered): until
     # then no sender begins another job of the campaign (see Senders._settled).
     committed: threading.Event | None = None
+    # The completer's aftermath of the committed result, done once even if retried (see _settle):
+    acted: bool = False  # its breakers checked
+    hold_hooks: bool = False  # a bounce whose hooks wait for a person (the bounce breaker held them)
+    slowed: bool = False  # its throttling slowed its pacing group
 
 
 class Completer(threading.Thread):
@@ -118,6 +122,9 @@ class Completer(threading.Thread):
         # (commit number, the server epoch it was committed in, the result)
         self._unsure: list[tuple[int, object, Committed]] = []
         self._failed: list[Done] = []  # a group whose commit's reply never came
+        # A committed group whose aftermath (breakers, then slots, claims, aftercare) a lost
+        # connection cut short: (group, recorded, unsure, kept), finished by _settle.
+        self._unacted: tuple[list[Done], dict[int, Recorded], bool, int] | None = None
         self._failed_refill: list[ClaimedJob] = []  # the deck's jobs that commit was to mark begun
         self._touched: set[int] = set()  # broadcasts with results since campaigns were last finished
         self._epoch = None
@@ -286,10 +293,13 @@ class Completer(threading.Thread):
         started = [(job, at) for job, at in refill if job.id in commit.begun]
         if started:
             self._dispatch(started)  # first: nothing below may strand a job marked begun
-        # A commit that marked jobs begun was synchronous: its results are durable.
-        self._done(group, commit.recorded, self._async and not refill, queue, kept=len(started))
         # Until they are put back, a lost connection must not lose them (see _settle).
         self._failed_refill = [job for job, _ in refill if job.id not in commit.begun]
+        # A commit that marked jobs begun was synchronous: its results are durable. Until acted on,
+        # a lost connection must not lose the group's slots, claims and aftercare (see _settle).
+        self._unacted = (group, commit.recorded, self._async and not refill, len(started))
+        self._done(group, commit.recorded, self._async and not refill, queue, kept=len(started))
+        self._unacted = None
         self._put_back(self._failed_refill, queue)
         self._failed_refill = []
 
@@ -325,17 +335,19 @@ class Completer(threading.Thread):
                 kept: int = 0) -> None:
         """The failure breaker, then slots back (but the ``kept`` ones the deck's jobs take over),
         claims settled (or held while unsure), aftercare fed."""
-        held: set[int] = set()
         for done in group:
-            if done.row is None:
-                continue
+            if done.row is None or done.acted:
+                continue  # acted: by an earlier try whose connection was lost after it (see _settle)
             if done.row.result.bounce and self._aftercare.check_bounce(queue, done.job):
-                held.add(done.job.id)
+                done.hold_hooks = True
             if recorded[done.job.id].recorded and done.row.result.outcome != "pause":
                 self._aftercare.track_failures(queue, done.job.campaign_id, done.verdict)
-        throttled = [d.job for d in group if d.verdict is not None and slows_pacing(d.verdict)]
+            done.acted = True
+        throttled = [d for d in group if d.verdict is not None and slows_pacing(d.verdict) and not d.slowed]
         if throttled:
-            self._throttled(queue, throttled)
+            self._throttled(queue, [d.job for d in throttled])
+            for done in throttled:
+                done.slowed = True
         for done in group:
             if done.row is not None and done.row.result.outcome == "pause":
                 # Paused by this commit (or before it): the next jobs marked for senders stay unsent.
@@ -352,7 +364,7 @@ class Completer(threading.Thread):
                 self._claims.settle(done.job.claim_token)
                 continue
             self._touched.add(done.job.broadcast_id)
-            item = Committed(done.row, done.verdict, recorded[done.job.id], hold_hooks=done.job.id in held)
+            item = Committed(done.row, done.verdict, recorded[done.job.id], hold_hooks=done.hold_hooks)
             if unsure and item.recorded.recorded:
                 with self._lock:
                     self._unsure.append((seq, self._epoch, item))
@@ -364,8 +376,13 @@ class Completer(threading.Thread):
     # -- when a commit's fate is unknown ---------------------------------------------------------
 
     def _settle(self, queue: Queue) -> None:
-        """On a new connection: finish the group whose commit's reply never came. It stays the
-        failed group until this succeeds: a connection lost again meanwhile must not lose it."""
+        """On a new connection: finish the group whose commit's reply never came, or whose
+        aftermath was cut short. Each stays until this succeeds: a connection lost again meanwhile
+        must not lose it."""
+        if self._unacted is not None:
+            group, recorded, unsure, kept = self._unacted
+            self._done(group, recorded, unsure, queue, kept)
+            self._unacted = None
         group = self._failed
         if group:
             back = [d.job for d in group if d.row is None]

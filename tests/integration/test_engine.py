@@ -258,6 +258,49 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
     assert attempts == [("pause", False)]
 
 
+def test_a_connection_lost_in_the_aftermath_of_a_commit_still_finishes_it(app_for, smtp_sink, monkeypatch):
+    """The bounce breaker's check after a group commit loses its connection: the completer finishes
+    that group's aftermath on its next connection, once (the bounce checked once more is all: its
+    hooks run once), gives the group's slots and claims back, and the node goes idle and exits
+    (before, the group's slots and claims stayed taken and the node never went idle)."""
+    import threading
+
+    import psycopg
+
+    from senddock.core.queue import Queue
+    from senddock.core.runner import Runner
+
+    smtp_sink.handler.rules = [FailRule.parse("bounce*@*=550 5.1.1 no such user")]
+    app = app_for(fast_settings(smtp_sink.port, concurrency=2))
+    emails = ["ok1@example.com", "bounce1@example.com", "ok2@example.com", "ok3@example.com"]
+    campaign_id = make_broadcast(app, emails)
+    original, checks = Queue.bounce_check, []
+
+    def lose_the_connection_once(self, *args, **kwargs):
+        checks.append(args)
+        if len(checks) == 1:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "bounce_check", lose_the_connection_once)
+    runner = Runner(app.config, exit_when_idle=True)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    thread.join(30)
+    if thread.is_alive():
+        runner.request_stop()
+        thread.join(30)
+        pytest.fail("the node never went idle: the group's slots or claims were never given back")
+    assert len(checks) == 2  # the lost one, then the retry
+    jobs = jobs_by_email(app, campaign_id)
+    assert jobs["bounce1@example.com"] == ("failed", "bounced", 1)
+    assert all(jobs[email][0] == "sent" for email in emails if email.startswith("ok"))
+    assert app.campaign_status(campaign_id).status == "finished"
+    assert suppressed(app) == {"bounce1@example.com": "bounced"}
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)  # its hooks ran
+
+
 def test_retry_max_age_is_measured_on_the_databases_clock_alone(app_for, smtp_sink, monkeypatch):
     """A node whose clock is two hours ahead of the database's must not expire a job that is ten
     minutes old (the age used to be this node's clock minus the database's first-attempt time)."""
