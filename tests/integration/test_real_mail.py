@@ -160,6 +160,30 @@ def test_personalised_html_through_starttls_and_auth_signed_with_verp_and_one_cl
     app.close()
 
 
+def test_starttls_without_auth_says_ehlo_again_inside_tls(make_config, tmp_path, tls_files, monkeypatch):
+    """RFC 3207 4.2: after STARTTLS both sides forget what the clear-text EHLO said, and the client
+    says EHLO again. With AUTH smtplib's login() did it; without, the session went on to MAIL with
+    no EHLO inside TLS (a relay may answer 503), and without the PIPELINING it offers there."""
+    monkeypatch.setenv("UNSUB_SECRET", SECRET)
+    with Sink("127.0.0.1", 0, security="starttls", tls_context=tls_files["server_context"]) as relay:
+        said: list[bool] = []  # per EHLO: was the session in TLS
+        greet = relay.handler.handle_EHLO
+
+        async def counted(server, session, envelope, hostname, responses):
+            said.append(session.ssl is not None)
+            return await greet(server, session, envelope, hostname, responses)
+
+        relay.handler.handle_EHLO = counted
+        app = Senddock(make_config(settings_for(relay.port, tmp_path, security="starttls",
+                                                ca_file=str(tls_files["ca"]))))
+        campaign_id = personalised_campaign(app)
+        drain(app.config, workers=1)
+        assert app.campaign_status(campaign_id).sent == 3
+        assert len(relay.received) == 3
+    assert said == [False, True]  # one session: EHLO in clear text, then again inside TLS
+    app.close()
+
+
 def test_implicit_tls_relay(make_config, tmp_path, tls_files, monkeypatch):
     monkeypatch.setenv("UNSUB_SECRET", SECRET)
     with Sink("127.0.0.1", 0, security="tls", tls_context=tls_files["server_context"]) as relay:

@@ -93,6 +93,9 @@ def _open(settings: Mapping[str, Any]) -> smtplib.SMTP:
         _hello(conn)
         if security == "starttls":
             _starttls(conn, settings)
+            # RFC 3207 4.2: both sides forget the clear-text EHLO; say it again inside TLS (login()
+            # would, but only with AUTH). Its answer is what counts: PIPELINING, AUTH, SIZE...
+            _hello(conn)
         if settings.get("username"):
             _login(conn, settings["username"], settings.get("password") or "")
     except BaseException:
