@@ -16,7 +16,9 @@ from senddock.testing import fast_settings
 from senddock.web.serve import create_app
 
 TOKEN = "a-metrics-token-for-the-tests"
-READERS = [f"reader{i}@example.net" for i in range(30)]
+# More than one node claims at once (slots and deck: 8 + 32 at concurrency 4, see inflight.DECK_FLOOR),
+# so both nodes take a share of the broadcast.
+READERS = [f"reader{i}@example.net" for i in range(100)]
 BOUNCERS = ["bounce1@example.net", "bounce2@example.net"]
 
 
