@@ -55,7 +55,8 @@ class Committed:
 
 class Aftercare(threading.Thread):
     def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., Queue], stats: RunStats,
-                 metrics: NodeMetrics | None = None, halts: Halts | None = None) -> None:
+                 metrics: NodeMetrics | None = None, halts: Halts | None = None,
+                 on_idle: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="senddock-aftercare", daemon=True)
         self.config = config
         self.pm = config.plugin_manager
@@ -69,6 +70,7 @@ class Aftercare(threading.Thread):
         self._inbox: queues.SimpleQueue[list[Committed] | None] = queues.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
+        self._on_idle = on_idle  # told each time everything handed over has been handled
         self._pending = 0
         self._lock = threading.Lock()
 
@@ -103,8 +105,11 @@ class Aftercare(threading.Thread):
                     log.exception("aftercare_error", job_id=item.row.job.id)
             with self._lock:
                 self._pending -= len(items)
-                if not self._pending:
+                idle = not self._pending
+                if idle:
                     self._idle.set()
+            if idle:
+                self._on_idle()
 
     # -- one result ----------------------------------------------------------------------------
 

@@ -95,6 +95,7 @@ class Completer(threading.Thread):
         dispatch: Callable[[list[tuple[ClaimedJob, float]]], None] = lambda jobs: None,
         may_refill: Callable[[], bool] = lambda: False,
         waiting_for_senders: Callable[[], int] = lambda: 0,
+        may_be_idle: Callable[[], None] = lambda: None,
     ) -> None:
         super().__init__(name="senddock-completer", daemon=True)
         self._db = db
@@ -104,6 +105,7 @@ class Completer(threading.Thread):
         self._dispatch = dispatch  # jobs of the deck marked begun: to the senders, in the freed slots
         self._may_refill = may_refill  # not stopping, not self-fenced
         self._waiting_for_senders = waiting_for_senders  # jobs marked begun that no sender has taken yet
+        self._may_be_idle = may_be_idle  # told when the queue ran dry and every result is committed
         self._claims = claims
         self._aftercare = aftercare
         self._lifeline = lifeline
@@ -214,6 +216,8 @@ class Completer(threading.Thread):
                 # The queue is running dry: these results may have finished a campaign.
                 touched, self._touched = self._touched, set()
                 self._finish_campaigns(queue, touched)
+                if not self.pending:
+                    self._may_be_idle()
             if closed and not group:
                 return True
 

@@ -84,6 +84,7 @@ class Runner:
         self.node = NodeIdentity.new(node_name or config.node_name or "")
         self.exit_when_idle = exit_when_idle
         self.stopping = threading.Event()
+        self._look = threading.Event()  # wakes the main loop before its poll: stopping, or maybe idle
         self.stats = RunStats()
         self.webhooks = subscriptions(config.data)
         self.metrics = NodeMetrics()
@@ -99,7 +100,8 @@ class Runner:
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
         self.halts = Halts()  # campaigns stopped since their next jobs were marked (see inflight.RUNWAY)
-        self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, self.halts)
+        self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, self.halts,
+                                   on_idle=self._may_be_idle)
         self.held_claims = HeldClaims()
         self.slots = Slots(self.concurrency)  # both sized when the pipeline starts
         self.deck = Deck(0, self.slots)
@@ -138,7 +140,14 @@ class Runner:
 
     def request_stop(self) -> None:
         self.stopping.set()
+        self._look.set()
         self.wake_workers()
+
+    def _may_be_idle(self) -> None:
+        """The last results are in (the completer) or handled (the aftercare): with
+        ``exit_when_idle`` the main loop looks now rather than at its next poll."""
+        if self.exit_when_idle:
+            self._look.set()
 
     def run(self) -> dict[str, int]:
         started = time.monotonic()
@@ -159,11 +168,19 @@ class Runner:
         self._chores()  # recover earlier incarnations of this node at once, before any claim
         self._start_pipeline()
         try:
-            while not self.stopping.wait(self.config.poll_interval):
+            chores_at = time.monotonic()
+            while True:
+                self._look.wait(max(0.0, chores_at + self.config.poll_interval - time.monotonic()))
+                self._look.clear()
+                if self.stopping.is_set():
+                    break
                 if self.lifeline.error is not None:
                     break  # its name was taken by another live process: stop before anyone sends twice
-                self._chores()
+                if time.monotonic() - chores_at >= self.config.poll_interval:  # a look adds no chores
+                    self._chores()
+                    chores_at = time.monotonic()
                 if self.exit_when_idle and self._idle():
+                    self._chores()  # the last word: campaigns the last results finished, before exiting
                     log.info("node_idle")
                     break
         finally:
@@ -257,7 +274,7 @@ class Runner:
             finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
             throttled=gate.throttled, dispatch=lambda jobs: self.senders.submit_claimed(jobs),
             may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
-            waiting_for_senders=lambda: self.senders.waiting(),
+            waiting_for_senders=lambda: self.senders.waiting(), may_be_idle=self._may_be_idle,
         )
         self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
                                self.concurrency, self.metrics, self.halts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -299,6 +300,20 @@ def test_a_connection_lost_in_the_aftermath_of_a_commit_still_finishes_it(app_fo
     assert suppressed(app) == {"bounce1@example.com": "bounced"}
     with app.db.connection() as conn:
         assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)  # its hooks ran
+
+
+def test_a_node_told_to_exit_when_idle_exits_once_the_work_is_done_not_at_its_next_poll(app_for, smtp_sink):
+    """With `--exit-when-idle` the node looks as soon as its last results are committed and handled,
+    not at its next poll (up to `poll_interval` later: a script waited that long for nothing)."""
+    from senddock.core.runner import Runner
+
+    app = app_for(fast_settings(smtp_sink.port, poll_interval="5s"))
+    campaign_id = make_broadcast(app, ["a@example.com", "b@example.com", "c@example.com"])
+    Runner(app.config, exit_when_idle=True).run()
+    exited = time.time()
+    assert app.campaign_status(campaign_id).status == "finished"
+    last = max(message.at for message in smtp_sink.received)
+    assert exited - last < 4.0, f"exited {exited - last:.1f}s after the last message (poll_interval 5s)"
 
 
 def test_retry_max_age_is_measured_on_the_databases_clock_alone(app_for, smtp_sink, monkeypatch):
