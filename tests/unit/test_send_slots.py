@@ -191,3 +191,17 @@ def test_a_group_waiting_for_the_runway_is_committed_once_the_wait_should_end(
     thread.join()
     expected = [1, 2, 3] if ending == "a failure arrives" else [1, 2]
     assert [d.job.id for d in group] == expected and 0.2 <= took < 2.0
+
+
+def test_a_large_node_does_not_wait_for_its_runway(monkeypatch: pytest.MonkeyPatch):
+    """With LINGER_IN_FLIGHT slots or more only the in-flight wait applies: with instant sends,
+    waiting for the runway to empty left every sender idle through every commit."""
+    monkeypatch.setattr(completers, "LINGER", 1.0)
+    slots = Slots(100)
+    slots.take(50)  # fewer than LINGER_IN_FLIGHT begun and not collected
+    completer = completer_with(slots, waiting_for_senders=10)
+    completer.put(result(1))
+    thread = put_later(completer, range(2, 6), 0.2)
+    group, _ = completer._collect()
+    thread.join()
+    assert [d.job.id for d in group] == [1]
