@@ -49,8 +49,8 @@ MAX_GROUP = 500
 # would free is needed yet); a larger one while at least LINGER_IN_FLIGHT jobs are begun and not
 # collected (a slow relay at a high concurrency, where results trickle in two or three per commit).
 # Not the runway there: with instant sends (the null transport at concurrency 50) waiting for it
-# to empty left the senders idle through every commit (1.01-1.05x pgqueuer against 1.12-1.20x). A commit then carries every sender's result rather
-# than one or two. Against a local relay at concurrency 5 the runway's wait cut group commits per
+# to empty left the senders idle through every commit (1.01-1.05x pgqueuer against 1.12-1.20x).
+# A commit then carries every sender's result rather than one or two. Against a local relay at concurrency 5 the runway's wait cut group commits per
 # message from 0.6 to 0.2, and the node's and Postgres's CPU per message from about 660 and 340
 # us to 590 and 260 (with the larger deck of inflight.DECK_FLOOR; /tmp script, alternating); not
 # waking for each result joining the group (see _wait_for_runway) took the node's voluntary context
@@ -107,6 +107,7 @@ class Completer(threading.Thread):
         self._dispatch = dispatch  # jobs of the deck marked begun: to the senders, in the freed slots
         self._may_refill = may_refill  # not stopping, not self-fenced
         self._waiting_for_senders = waiting_for_senders  # jobs marked begun that no sender has taken yet
+        self._waits_on_runway = slots.size < LINGER_IN_FLIGHT  # which wait a group makes (see LINGER)
         self._may_be_idle = may_be_idle  # told when the queue ran dry and every result is committed
         self._claims = claims
         self._aftercare = aftercare
@@ -249,7 +250,9 @@ class Completer(threading.Thread):
             left = until - time.monotonic()
             if left <= 0 or not self._worth_waiting(len(group), delivered):
                 break
-            if self._slots.size < LINGER_IN_FLIGHT and self._wait_for_runway(left):
+            if self._waits_on_runway:
+                if not self._wait_for_runway(left):
+                    break  # a sender took the last waiting job meanwhile
                 continue  # woken: take what arrived meanwhile and look again
             try:
                 item = self._inbox.get(timeout=left)
@@ -260,8 +263,8 @@ class Completer(threading.Thread):
     def _wait_for_runway(self, left: float) -> bool:
         """While jobs wait for the senders, wait up to ``left`` seconds for a sender to take the last
         of them (or for a result that is not a delivery, or the close): the results joining
-        meanwhile do not wake this thread one by one. False when no job waits (the in-flight wait
-        applies then, woken by each result). The flag is raised before the state is read: a sender
+        meanwhile do not wake this thread one by one. False when no job waits any more. The flag
+        is raised before the state is read: a sender
         that empties the runway after this reads the flag and wakes the thread, one before is seen
         here; a wake left over from an earlier wait only makes the caller look again."""
         self._waiting_on_runway = True
@@ -281,7 +284,7 @@ class Completer(threading.Thread):
         outcome pauses its campaign: both must commit before more of the campaign begins)."""
         if not delivered or self._closing.is_set():
             return False
-        if self._slots.size < LINGER_IN_FLIGHT:
+        if self._waits_on_runway:
             return self._waiting_for_senders() > 0
         return self._slots.in_use - collected >= LINGER_IN_FLIGHT
 
@@ -308,8 +311,7 @@ class Completer(threading.Thread):
         # A commit that marked jobs begun was synchronous: its results are durable. Until acted on,
         # a lost connection must not lose the group's slots, claims and aftercare (see _settle).
         self._unacted = (group, commit.recorded, self._async and not refill, len(started))
-        self._done(group, commit.recorded, self._async and not refill, queue, kept=len(started))
-        self._unacted = None
+        self._finish_unacted(queue)
         self._put_back(self._failed_refill, queue)
         self._failed_refill = []
 
@@ -329,6 +331,13 @@ class Completer(threading.Thread):
             log.info("jobs_put_back", jobs=released)
             for job in jobs:
                 self._claims.settle(job.claim_token)
+
+    def _finish_unacted(self, queue: Queue) -> None:
+        """The aftermath of the committed group in ``_unacted``; it stays there until this returns."""
+        if self._unacted is not None:
+            group, recorded, unsure, kept = self._unacted
+            self._done(group, recorded, unsure, queue, kept)
+            self._unacted = None
 
     def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue,
               kept: int = 0) -> None:
@@ -389,10 +398,7 @@ class Completer(threading.Thread):
         """On a new connection: finish the group whose commit's reply never came, or whose
         aftermath was cut short. Each stays until this succeeds: a connection lost again meanwhile
         must not lose it."""
-        if self._unacted is not None:
-            group, recorded, unsure, kept = self._unacted
-            self._done(group, recorded, unsure, queue, kept)
-            self._unacted = None
+        self._finish_unacted(queue)
         group = self._failed
         if group:
             back = [d.job for d in group if d.row is None]

@@ -37,7 +37,8 @@ RUNWAY = 2
 # sends. At concurrency 5 against a local relay a deck of 32 took claims per message from 0.2 to
 # 0.06 and Postgres's CPU per message from about 340 to 260 us (with the completer's wait for the
 # runway; /tmp script, alternating). Its jobs are claimed, never begun: a kill -9 leaves them as
-# they were, and at most this many of a broadcast wait on one node at the broadcast's end.
+# they were. At a broadcast's end they wait on this node (a broadcast smaller than a node's slots
+# and deck may go to one node whole).
 DECK_FLOOR = 32
 
 

@@ -21,11 +21,11 @@ import time
 import uuid
 from collections.abc import Collection
 from datetime import datetime, timezone
-from typing import Any
 from email import base64mime
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.utils import format_datetime, getaddresses, localtime
+from typing import Any
 
 from senddock.mail.headerfold import POLICY, fold, fold_addresses, printable_ascii
 from senddock.outcome import Message
@@ -234,7 +234,6 @@ def message_bytes(message: Message, *, message_id_domain: str | None = None,
     return message.signer.sign(data, exclude=unsigned_headers) if message.signer is not None else data
 
 
-
 # -- the message written without an EmailMessage ----------------------------------------------------
 #
 # What the email package's generator writes for build_email's message, written directly: the same
@@ -248,6 +247,12 @@ def message_bytes(message: Message, *, message_id_domain: str | None = None,
 _DOT_ATOM = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*")
 _LINE_BREAKS = re.compile(r"[\n\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")  # what str.splitlines() splits at
 _HEADER_NAME = re.compile(r"[!-9;-~]+")  # RFC 5322 ftext
+_ADDRESS_FIELDS = frozenset({"from", "to", "reply-to"})
+# Fields the email package keeps as given (str(header) == value) for the values senddock sets:
+# Subject (verbatim), a Date it formatted, a Message-ID it made, MIME-Version 1.0. Folded by
+# senddock's folder whatever their text (Subject's words that are not ASCII as encoded-words).
+_STORED_AS_GIVEN = frozenset({"subject", "date", "message-id", "mime-version"})
+_REGISTERED = frozenset(POLICY.header_factory.registry)  # fields the email package parses its own way
 
 
 def _written(message: Message, message_id_domain: str | None) -> bytes | None:
@@ -294,10 +299,11 @@ def _header_line(name: str, lower: str, value: Any) -> str | None:
         return _address_line(name, *key)
     if not isinstance(value, str) or _LINE_BREAKS.search(value):
         return None  # the email package refuses a value with a line break
-    if lower != "subject" and lower in _REGISTERED and lower not in _STORED_AS_GIVEN:
-        return None  # a field the email package parses into something else (Cc, Sender, Content-*...)
-    if lower not in ("subject", "date", "message-id", "mime-version") and not printable_ascii(value):
-        return None  # its own folding (a header that is not ASCII)
+    if lower not in _STORED_AS_GIVEN:
+        if lower in _REGISTERED:
+            return None  # a field the email package parses into something else (Cc, Sender, Content-*...)
+        if not printable_ascii(value):
+            return None  # its own folding (a list header that is not ASCII)
     return _text_line(name, value)
 
 
@@ -311,13 +317,6 @@ def _address_line(name: str, display_name: str, username: str, domain: str) -> s
 @functools.lru_cache(maxsize=256)
 def _text_line(name: str, value: str) -> str | None:
     return fold(name, value)
-
-
-_ADDRESS_FIELDS = frozenset({"from", "to", "reply-to"})
-# Fields the registry knows whose text the email package keeps as given (str(header) == value) for
-# the values senddock sets: a Date it formatted, a Message-ID it made, MIME-Version 1.0.
-_STORED_AS_GIVEN = frozenset({"date", "message-id", "mime-version"})
-_REGISTERED = frozenset(POLICY.header_factory.registry)
 
 
 @functools.lru_cache(maxsize=256)
