@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -122,7 +123,6 @@ class Connections:
     peak: int = 0
     peak_by_application: dict[str, int] = field(default_factory=dict)
     backend_cpu: float | None = 0.0  # seconds; None when the server's processes cannot be read here
-    sampler_cpu: float = 0.0  # seconds the sampling thread itself used (of this process's CPU)
     samples: int = 0
 
     def describe(self) -> str:
@@ -132,50 +132,59 @@ class Connections:
 
 
 class PgSampler:
-    """Samples ``pg_stat_activity`` for one database every ``interval`` seconds from a thread of its
-    own, on a connection opened before the run (so it still sees when the server is full). It leaves
-    out of the counts the sessions of the bench itself, named ``senddock-bench...`` (its own and
-    open_app's): what it counts is what the run under test holds. Also adds up the CPU of the backends it sees, read from /proc when the
-    server runs on this machine: the part of the machine's CPU that this run's database work costs,
-    which neighbours on a shared machine do not blur. A backend's last ``interval`` of CPU before it
-    exits is missed, so count pooled connections, not a connection per statement."""
+    """Samples ``pg_stat_activity`` for one database every ``interval`` seconds from a process of its
+    own (bench/pg_sampler.py: a thread here would take the interpreter's lock from the node under test,
+    which runs in this process), on a connection opened before the run (so it still sees when the
+    server is full). It leaves out of the counts the sessions of the bench itself, named
+    ``senddock-bench...`` (its own and open_app's): what it counts is what the run under test holds.
+    Also adds up the CPU of the backends it sees, read from /proc when the server runs on this
+    machine: the part of the machine's CPU that this run's database work costs, which neighbours on a
+    shared machine do not blur. A backend's last ``interval`` of CPU before it exits is missed, so
+    count pooled connections, not a connection per statement."""
 
     def __init__(self, dsn: str, interval: float = 0.02) -> None:
         self.result = Connections()
         self._dsn = dsn
         self._interval = interval
-        self._stop = threading.Event()
-        self._cpu_seen: dict[int, tuple[float, float]] = {}  # pid -> (CPU when first seen, CPU last seen)
-        self._conn: psycopg.Connection | None = None
-        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> Connections:
-        self._conn = psycopg.connect(self._dsn, autocommit=True, application_name="senddock-bench-sampler")
-        if process_cpu(self._conn.info.backend_pid) is None:  # another host or namespace: say so, not 0
-            self.result.backend_cpu = None
-        self._sample(first=True)
-        self._thread = threading.Thread(target=self._loop, name="pg-sampler", daemon=True)
-        self._thread.start()
+        self._proc = subprocess.Popen([sys.executable, str(BENCH / "pg_sampler.py"), self._dsn, str(self._interval)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline().strip() != "ready":  # its first sample is taken: the run may begin
+            self._proc.kill()
+            raise RuntimeError(f"the pg_stat_activity sampler did not start (exit {self._proc.wait()})")
         return self.result
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        assert self._thread is not None and self._conn is not None
-        self._thread.join()
-        self._sample()
+        assert self._proc is not None
+        out, _ = self._proc.communicate(timeout=60)  # its stdin closed: a last sample, then what it saw
+        seen = json.loads(out.strip().splitlines()[-1])
+        result = self.result
+        result.peak, result.peak_by_application = seen["peak"], seen["peak_by_application"]
+        result.backend_cpu, result.samples = seen["backend_cpu"], seen["samples"]
+
+
+class Sampling:
+    """What bench/pg_sampler.py does in its process: each ``sample`` one look at the database's
+    sessions and its backends' CPU, added up in ``result``."""
+
+    def __init__(self, dsn: str) -> None:
+        self.result = Connections()
+        self._conn = psycopg.connect(dsn, autocommit=True, application_name="senddock-bench-sampler")
+        self._cpu_seen: dict[int, tuple[float, float]] = {}  # pid -> (CPU when first seen, CPU last seen)
+        if process_cpu(self._conn.info.backend_pid) is None:  # another host or namespace: say so, not 0
+            self.result.backend_cpu = None
+        self.sample(first=True)
+
+    def close(self) -> None:
+        self.sample()
         self._conn.close()
         if self.result.backend_cpu is not None:
             self.result.backend_cpu = sum(last - first for first, last in self._cpu_seen.values())
 
-    def _loop(self) -> None:
-        began = time.thread_time()
-        while not self._stop.wait(self._interval):
-            self._sample()
-        # Its own reading of /proc is not the run's work: the bench subtracts it from its process's CPU.
-        self.result.sampler_cpu = time.thread_time() - began
-
-    def _sample(self, first: bool = False) -> None:
-        assert self._conn is not None
+    def sample(self, first: bool = False) -> None:
         # The activity view is a snapshot per transaction: autocommit makes each sample a fresh one.
         rows = self._conn.execute(
             "SELECT pid, coalesce(application_name, '') FROM pg_stat_activity "

@@ -18,7 +18,8 @@ alternation, run from its own virtualenv (bench/.venv-pgqueuer, made on first us
 
 CPU per job is printed two ways: the whole machine's busy time (/proc/stat; on a shared machine it
 counts the neighbours too), and the run's own: this process (where senddock's node or the bare
-threads run, less the session sampler) plus this database's Postgres backends, read from /proc.
+threads run; the session sampler is a process of its own) plus this database's Postgres backends,
+read from /proc.
 """
 
 from __future__ import annotations
@@ -148,9 +149,9 @@ def measure(dsn: str, jobs: int, workers: int, concurrency: int, batch: int, fol
                 Runner(config, exit_when_idle=True).run()
             seconds = time.perf_counter() - started
             machine_used, own_used = machine_cpu() - machine, time.process_time() - own
-        # The run's own CPU: this process (senddock's node or the bare threads run in it, less the
-        # sampler) and the database's backends the run held.
-        own_used = None if seen.backend_cpu is None else own_used - seen.sampler_cpu + seen.backend_cpu
+        # The run's own CPU: this process (senddock's node or the bare threads run in it) and the
+        # database's backends the run held.
+        own_used = None if seen.backend_cpu is None else own_used + seen.backend_cpu
         assert app.campaign_status(campaign_id).sent == jobs
         app.close()
         rate = jobs / seconds

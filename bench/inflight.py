@@ -12,9 +12,9 @@ recipients (its composer's, as the senddock side sends them), since the relay pa
 headers and a message with fewer would cost it less. The senddock side drains a campaign of
 the same number of one-word messages with `concurrency: C` (`workers: C` on an install whose config
 schema has no `concurrency` yet, i.e. before issue 14's engine, so one command measures before and
-after; `--workers` is the same option), while a sampler reads `pg_stat_activity` of the scratch
-database every 20 ms and prints the node's peak number of sessions, in all and per
-application_name, against the most a node may hold (`database.pool_size`, 10, the lifeline
+after; `--workers` is the same option), while a sampler (a process of its own, so it takes no
+time from the node's threads) reads `pg_stat_activity` of the scratch database every 20 ms and
+prints the node's peak number of sessions, in all and per application_name, against the most a node may hold (`database.pool_size`, 10, the lifeline
 included). The sink is a process of its own (as a relay is), started afresh for each side so its
 count of received messages belongs to that side alone; every side must deliver every message.
 Sides alternate, bare first; the best rate of two is kept, and the lower CPU.
