@@ -125,7 +125,7 @@ def measure(dsn: str, jobs: int, workers: int, concurrency: int, batch: int, fol
     if "workers" in engine and claim_batch is None:
         engine = engine_settings(concurrency, claim_batch=batch)  # one thread per send: claim as the bare loop
     config = bench_config(dsn, folder, {"transport": "instant", "plugins": {"load": ["senddock_bench_plugins"]},
-                                        **engine, "poll_interval": "100ms",
+                                        **engine,
                                         "database": {"result_commit": result_commit}})
     fill_list(dsn, jobs)
     rates: dict[str, float] = {}

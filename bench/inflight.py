@@ -14,8 +14,10 @@ the same number of one-word messages with `concurrency: C` (`workers: C` on an i
 schema has no `concurrency` yet, i.e. before issue 14's engine, so one command measures before and
 after; `--workers` is the same option), while a sampler (a process of its own, so it takes no
 time from the node's threads) reads `pg_stat_activity` of the scratch database every 20 ms and
-prints the node's peak number of sessions, in all and per application_name, against the most a node may hold (`database.pool_size`, 10, the lifeline
-included). The sink is a process of its own (as a relay is), started afresh for each side so its
+prints the node's peak number of sessions, in all and per application_name, against the most a
+node may hold (`database.pool_size`, 10, the lifeline included). The node runs with its defaults
+but for `concurrency` (its chores once a `poll_interval`, 1 s; `--exit-when-idle` ends it as its
+last result is recorded). The sink is a process of its own (as a relay is), started afresh for each side so its
 count of received messages belongs to that side alone; every side must deliver every message.
 Sides alternate, bare first; the best rate of two is kept, and the lower CPU.
 Each side also prints how many SMTP sessions delivered its messages in all, as the sink counts them
@@ -179,7 +181,7 @@ def measure_side(side: str, dsn: str, folder: Path, messages: int, workers: int,
             reset_jobs(dsn)
             config = bench_config(dsn, folder, {
                 "transport": "smtp", "smtp": {"host": "127.0.0.1", "port": sink.port, "security": "none"},
-                **engine_settings(workers), "poll_interval": "100ms"})
+                **engine_settings(workers)})
             app = open_app(config, dsn)
             campaign_id, _ = enqueue(app)  # outside the clock, like the bare side's messages
             with PgSampler(dsn) as connections:
