@@ -124,7 +124,10 @@ class Deck:
         with self._lock:
             while self._jobs and len(taken) < n and ready(self._jobs[0][0]):
                 taken.append(self._jobs.popleft())
-        if taken:
+            # The claimer waits for a free slot or a deck down to half: a take that leaves more
+            # than half changes neither (woken after every group commit, it found nothing to do).
+            wanted = len(self._jobs) <= self.size // 2
+        if taken and wanted:
             self._slots.notify()
         return taken
 

@@ -145,8 +145,10 @@ class Runner:
 
     def _may_be_idle(self) -> None:
         """The last results are in (the completer) or handled (the aftercare): with
-        ``exit_when_idle`` the main loop looks now rather than at its next poll."""
-        if self.exit_when_idle:
+        ``exit_when_idle`` the main loop looks now rather than at its next poll. Not while slots
+        are taken: the completer tells again once their results are in (and the aftercare once
+        it has handled their bounces), and a look per group cost the main loop a wake-up each."""
+        if self.exit_when_idle and not self.slots.in_use:
             self._look.set()
 
     def run(self) -> dict[str, int]:
