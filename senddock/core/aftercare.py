@@ -83,18 +83,20 @@ class Aftercare(threading.Thread):
         for them cost more than the work (at concurrency 5 against a local relay, a tenth of the
         completer's time went to that wake-up). Bounces are handed over at once: one wake-up of
         this thread per group that has any."""
+        if not items:
+            return
+        with self._lock:  # busy until every one is handled, here or there
+            self._pending += len(items)
+            self._idle.clear()
         later = []
         for item in items:
             if item.row.result.bounce:
                 later.append(item)
             else:
                 self._handle_safely(item)
-        if not later:
-            return
-        with self._lock:
-            self._pending += len(later)
-            self._idle.clear()
-        self._inbox.put(later)
+        if later:
+            self._inbox.put(later)
+        self._handled(len(items) - len(later))
 
     @property
     def busy(self) -> bool:
@@ -109,13 +111,16 @@ class Aftercare(threading.Thread):
         while (items := self._inbox.get()) is not None:
             for item in items:
                 self._handle_safely(item)
-            with self._lock:
-                self._pending -= len(items)
-                idle = not self._pending
-                if idle:
-                    self._idle.set()
+            self._handled(len(items))
+
+    def _handled(self, count: int) -> None:
+        with self._lock:
+            self._pending -= count
+            idle = not self._pending
             if idle:
-                self._on_idle()
+                self._idle.set()
+        if idle:
+            self._on_idle()
 
     # -- one result ----------------------------------------------------------------------------
 
