@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -75,6 +76,26 @@ def test_a_group_commit_names_the_campaigns_stopped_since_their_jobs_were_claime
     assert committed.stopped == {paused, cancelled}
     assert all(r.recorded for r in committed.recorded.values())
     assert sending not in committed.stopped
+
+
+def test_a_group_commit_marks_the_deck_begun_only_under_each_jobs_own_claim(senddock_app, database_dsn):
+    """Jobs claimed ahead are marked begun in the commit that frees their slots: each only under its
+    own claim token (not another token this node holds), only while it is still this node's, and
+    not when a result of the same group paused its campaign."""
+    make_broadcast(senddock_app, ["p1@example.com", "p2@example.com"], list_name="paused")
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        node = register(conn, "deck")
+        queue = Queue(conn, node)
+        [sending] = queue.claim(1, begun=True)
+        [same_campaign] = queue.claim(1, begun=False)
+        make_broadcast(senddock_app, ["a1@example.com", "a2@example.com", "a3@example.com"], list_name="deck")
+        own, taken, other_token = queue.claim(3, begun=False)
+        conn.execute("UPDATE broadcast_jobs SET claim_token = %s WHERE id = %s", (uuid.uuid4(), taken.id))
+        committed = queue.commit_group(
+            [ResultRow(sending, 0, None, PAUSE, pause_reason="auth_failed")],
+            begin=[own, taken, replace(other_token, claim_token=same_campaign.claim_token), same_campaign])
+        marked = {row[0] for row in conn.execute("SELECT id FROM broadcast_jobs WHERE send_begun")}
+    assert committed.begun == {own.id} == marked
 
 
 def test_each_sender_has_its_next_job_marked_and_no_more_than_that(make_config, smtp_sink, database_dsn,

@@ -573,13 +573,18 @@ WITH r AS (
     -- they take: their sends begin once it returns (it is synchronous then). Fenced by their own
     -- claim tokens, and only while their campaign still sends and got no pause outcome here (the
     -- pause above is not visible to this statement's snapshot). Rows disjoint from result's and
-    -- late's: those are the results' jobs.
+    -- late's: those are the results' jobs. Each job's token is looked up by its position in the
+    -- ids, and the campaigns paused here are one hashed set: the planner counts few 'sending'
+    -- jobs, and a join with unnest(ids, tokens) and a NOT EXISTS on r became nested loops over
+    -- every 'sending' job of the broadcast times every id (a commit of 200 marks with 1,200 jobs
+    -- in flight: 53 ms, against 10 ms this way; the same at 40 and 5).
     UPDATE broadcast_jobs j
        SET send_begun = true
-      FROM unnest(%(begin_ids)s::bigint[], %(begin_tokens)s::uuid[]) AS b (id, token), campaigns c
-     WHERE j.id = b.id AND j.claim_token = b.token AND j.status = 'sending'
+      FROM campaigns c
+     WHERE j.id = ANY (%(begin_ids)s::bigint[]) AND j.status = 'sending'
+       AND j.claim_token = (%(begin_tokens)s::uuid[])[array_position(%(begin_ids)s::bigint[], j.id)]
        AND c.broadcast_id = j.broadcast_id AND c.status = 'sending'
-       AND NOT EXISTS (SELECT FROM r WHERE r.campaign_id = c.id AND r.pause_reason IS NOT NULL)
+       AND c.id NOT IN (SELECT r.campaign_id FROM r WHERE r.pause_reason IS NOT NULL AND r.campaign_id IS NOT NULL)
     RETURNING j.id
 )
 -- synchronous_commit for this commit only: 'off' with database.result_commit: async (claims and
