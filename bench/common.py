@@ -149,8 +149,10 @@ class PgSampler:
         self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> Connections:
-        self._proc = subprocess.Popen([sys.executable, str(BENCH / "pg_sampler.py"), self._dsn, str(self._interval)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # The DSN by the environment, not the command line (which `ps` shows, password and all).
+        self._proc = subprocess.Popen([sys.executable, str(BENCH / "pg_sampler.py"), str(self._interval)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                      env={**os.environ, "SENDDOCK_SAMPLER_DSN": self._dsn})
         assert self._proc.stdout is not None
         if self._proc.stdout.readline().strip() != "ready":  # its first sample is taken: the run may begin
             self._proc.kill()
