@@ -9,6 +9,8 @@ import threading
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 FLUSH_INTERVAL = 0.2  # seconds a JSON log line may wait in the buffer
+# Lines that may wait while stderr takes none (about 25 MB of JSON lines); more are dropped and counted.
+MAX_BUFFERED = 100_000
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -88,7 +90,15 @@ class _CurrentStderr:
 
 
 class _BufferedStderr(_CurrentStderr):
-    """Lines collected under a lock and written to sys.stderr by a flusher thread and at exit."""
+    """Lines collected under a lock and written to sys.stderr by a flusher thread and at exit.
+
+    A line is only ever appended under the lock, never written: a stderr that stops taking lines
+    (a full pipe nobody reads, a stalled log shipper) blocks the flusher alone, not every thread
+    that logs. Written under the lock, a full pipe stopped any thread at its next line for good: a
+    node restarted after a kill -9 logs its recovered jobs at once (77-84 KB at concurrency 200,
+    more than a pipe holds). At most MAX_BUFFERED lines wait; beyond that a line is dropped and
+    counted, and the count is logged once the writes go through again.
+    """
 
     _instance: _BufferedStderr | None = None
 
@@ -100,24 +110,36 @@ class _BufferedStderr(_CurrentStderr):
 
     def __init__(self) -> None:
         self._lines: list[str] = []
-        self._lock = threading.Lock()
+        self._dropped = 0
+        self._lock = threading.Lock()  # the lines: held to append or take them, never to write
+        self._writing = threading.Lock()  # one flush at a time (the thread's, the exit's): lines keep their order
         threading.Thread(target=self._flush_forever, name="senddock-log-flush", daemon=True).start()
         atexit.register(self.flush)
 
     def write_line(self, line: str) -> None:
         with self._lock:
-            self._lines.append(line)
+            if len(self._lines) < MAX_BUFFERED:
+                self._lines.append(line)
+            else:
+                self._dropped += 1
 
     def flush(self) -> None:
-        # Written under the lock, so two flushes (the thread's, the exit's) keep the lines' order.
-        with self._lock:
-            lines, self._lines = self._lines, []
-            if lines:
-                try:
-                    sys.stderr.write("\n".join(lines) + "\n")
-                    sys.stderr.flush()
-                except (OSError, ValueError):
-                    pass  # stderr closed (a daemon, the end of a test): nothing left to tell
+        with self._writing:
+            with self._lock:
+                lines, self._lines = self._lines, []
+                dropped, self._dropped = self._dropped, 0
+            if not lines:
+                return
+            try:
+                sys.stderr.write("\n".join(lines) + "\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                return  # stderr closed (a daemon, the end of a test): nothing left to tell
+        if dropped:
+            import structlog
+
+            structlog.get_logger(__name__).error("log_lines_dropped", lines=dropped, waiting_at_most=MAX_BUFFERED,
+                                                 reason="stderr took no lines meanwhile")
 
     def _flush_forever(self) -> None:
         event = threading.Event()
