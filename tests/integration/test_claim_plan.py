@@ -29,6 +29,24 @@ def explain_a_claim_of_five(database_dsn: str) -> str:
     return plan
 
 
+def generic_plan_of_the_group_commit(conn: psycopg.Connection) -> str:
+    """EXPLAIN of jobs_record_results as Postgres keeps it once psycopg has prepared it (after five
+    runs): a generic plan, which cannot see how many results or marks its parameters hold."""
+    statement = query("jobs_record_results")
+    parameters = {"results": ("json", "'[]'"), "count": ("int", "0"), "begin_ids": ("bigint[]", "'{}'"),
+                  "begin_tokens": ("uuid[]", "'{}'"), "node": ("text", "'plan'"),
+                  "node_id": ("uuid", "gen_random_uuid()"), "synchronous_commit": ("text", "'on'")}
+    for number, name in enumerate(parameters, start=1):
+        statement = statement.replace(f"%({name})s", f"${number}")
+    assert "%(" not in statement, "a parameter of the statement is missing here"
+    types = ", ".join(kind for kind, _ in parameters.values())
+    values = ", ".join(value for _, value in parameters.values())
+    conn.execute("ANALYZE broadcast_jobs")
+    conn.execute(f"PREPARE record_results ({types}) AS {statement}")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    return "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE record_results({values})"))
+
+
 def test_a_claim_never_walks_the_jobs_of_a_paused_campaign(senddock_app, database_dsn):
     senddock_app.create_list("big")
     paused_campaign = senddock_app.create_campaign(name="Big", lists=["big"], subject="x",
@@ -58,22 +76,25 @@ def test_the_results_statement_reaches_jobs_by_index_in_its_generic_plan(senddoc
     counts 100 rows and joins a small broadcast_jobs by a sequential scan (measured: 0.5 ms of a
     1 ms commit at 3,000 jobs, growing with the table)."""
     make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(3000)])
-    statement = query("jobs_record_results")
-    parameters = {"results": ("json", "'[]'"), "count": ("int", "0"), "begin_ids": ("bigint[]", "'{}'"),
-                  "begin_tokens": ("uuid[]", "'{}'"), "node": ("text", "'plan'"),
-                  "node_id": ("uuid", "gen_random_uuid()"), "synchronous_commit": ("text", "'on'")}
-    for number, name in enumerate(parameters, start=1):
-        statement = statement.replace(f"%({name})s", f"${number}")
-    assert "%(" not in statement, "a parameter of the statement is missing here"
-    types = ", ".join(kind for kind, _ in parameters.values())
-    values = ", ".join(value for _, value in parameters.values())
     with psycopg.connect(database_dsn, autocommit=True) as conn:
-        conn.execute("ANALYZE broadcast_jobs")
-        conn.execute(f"PREPARE record_results ({types}) AS {statement}")
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        plan = "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE record_results({values})"))
+        plan = generic_plan_of_the_group_commit(conn)
     assert "broadcast_jobs" in plan, plan
     assert not re.search(r"Seq Scan on broadcast_jobs", plan), plan
+
+
+def test_the_group_commit_reaches_campaigns_by_index_among_thousands(senddock_app, database_dsn):
+    """The group commit's begin marks join each marked job to its campaign by broadcast_id: with
+    5,000 finished campaigns in the table (a long-lived installation) its generic plan must reach
+    them by index, not scan every campaign once per job marked (measured before migration 13:
+    34 ms a commit of 100 marks with 600 jobs in flight, against 4.3 ms by index)."""
+    make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(300)])
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO campaigns (name, subject, from_addr, text_body, status) "
+                     "SELECT 'old ' || i, 's', 'a@example.com', 'x', 'finished' FROM generate_series(1, 5000) i")
+        conn.execute("ANALYZE campaigns")
+        plan = generic_plan_of_the_group_commit(conn)
+    assert "campaigns" in plan, plan
+    assert not re.search(r"Seq Scan on campaigns", plan), plan
 
 
 def test_a_claim_looks_each_address_up_in_the_suppressions_once(senddock_app, database_dsn):
