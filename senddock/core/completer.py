@@ -50,11 +50,11 @@ MAX_GROUP = 500
 # collected (a slow relay at a high concurrency, where results trickle in two or three per commit).
 # Not the runway there: with instant sends (the null transport at concurrency 50) waiting for it
 # to empty left the senders idle through every commit (1.01-1.05x pgqueuer against 1.12-1.20x).
-# A commit then carries every sender's result rather than one or two. Against a local relay at concurrency 5 the runway's wait cut group commits per
-# message from 0.6 to 0.2, and the node's and Postgres's CPU per message from about 660 and 340
-# us to 590 and 260 (with the larger deck of inflight.DECK_FLOOR; /tmp script, alternating); not
-# waking for each result joining the group (see _wait_for_runway) took the node's voluntary context
-# switches from about 9 to 7.5 a message. The in-flight wait, at concurrency 200 and a 50 ms relay,
+# A commit then carries every sender's result rather than one or two. Against a local relay at
+# concurrency 5 the runway's wait cut group commits per message from 0.6 to 0.2, and the node's and
+# Postgres's CPU per message from about 660 and 340 us to 590 and 260 (with the larger deck of
+# inflight.DECK_FLOOR; /tmp script, alternating); not waking for each result joining the group (see
+# _wait_for_runway) took the node's voluntary context switches from about 9 to 7.5 a message. The in-flight wait, at concurrency 200 and a 50 ms relay,
 # cut Postgres's CPU per message from about 330 to 170 us, and at the default concurrency 50
 # against a local relay commits per message from 0.7-0.8 to 0.3. Groups that large make the
 # claimer stop using its deck (a claim refills their slots as cheaply, see claimer.MARK_COST). The
@@ -264,9 +264,9 @@ class Completer(threading.Thread):
         """While jobs wait for the senders, wait up to ``left`` seconds for a sender to take the last
         of them (or for a result that is not a delivery, or the close): the results joining
         meanwhile do not wake this thread one by one. False when no job waits any more. The flag
-        is raised before the state is read: a sender
-        that empties the runway after this reads the flag and wakes the thread, one before is seen
-        here; a wake left over from an earlier wait only makes the caller look again."""
+        is raised before the state is read: a sender that empties the runway after this reads the
+        flag and wakes the thread, one before is seen here; a wake left over from an earlier wait
+        only makes the caller look again."""
         self._waiting_on_runway = True
         try:
             if self._waiting_for_senders() == 0:
