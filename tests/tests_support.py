@@ -189,11 +189,14 @@ def kill_while_sending(config_path: Path, database_dsn: str, node_name: str, *, 
     for _ in range(rounds):
         before = sent_count(database_dsn)
         node = start_node(config_path, database_dsn, node_name)
-        wait_for(lambda: sent_count(database_dsn) > before + progress or node.poll() is not None, 60, "progress")
-        time.sleep(rng.uniform(0.0, most_pause))
-        if node.poll() is None:
-            node.send_signal(signal.SIGKILL)
-            kills += 1
+        try:
+            wait_for(lambda: sent_count(database_dsn) > before + progress or node.poll() is not None, 60, "progress")
+            time.sleep(rng.uniform(0.0, most_pause))
+        finally:
+            # Killed on a failure too: a node left running outlives its test and its database.
+            if node.poll() is None:
+                node.send_signal(signal.SIGKILL)
+                kills += 1
         node.wait(30)
         if after_each is not None:
             after_each()
