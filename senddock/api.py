@@ -90,8 +90,12 @@ class Senddock:
 
     def migrate(self) -> list[migrations.Migration]:
         """Apply pending migrations (idempotent, safe to run from several nodes at once)."""
-        with self.db.connect() as conn:
-            applied = migrations.migrate(conn)
+        with self.db.connect_session() as conn:
+            if self.db.settings.direct_dsn is None and self.db.transaction_pooled:
+                with self.db.connect() as lock_conn:
+                    applied = migrations.migrate(conn, lock_conn=lock_conn)
+            else:
+                applied = migrations.migrate(conn)
         self._schema_checked = True
         return applied
 

@@ -96,6 +96,7 @@ class DatabaseSettings:
     connect_timeout: float
     auto_migrate: bool
     result_commit: str = "async"
+    pool_mode: str = "auto"  # what dsn reaches: auto, transaction (a pooler in transaction mode) or session
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class Config:
             connect_timeout=parse_duration(db["connect_timeout"]),
             auto_migrate=db["auto_migrate"],
             result_commit=db["result_commit"],
+            pool_mode=db["pool_mode"],
         )
 
     @property

@@ -338,3 +338,97 @@ class Dovecot:
         with self.imap() as box:
             box.folder.set(folder)
             return len(box.uids())
+
+
+class PgBouncer:
+    """A real PgBouncer (Debian's package, which .ci/run installs) on a port of its own, in front
+    of the test's Postgres server (TCP, or the embedded server's socket folder).
+
+    ``mode``: its ``pool_mode``; ``pool_size``: its ``default_pool_size``. :meth:`dsn` gives the
+    same database through it. PgBouncer refuses to run as root: as root it is started as the
+    ``postgres`` user (or nobody), or as the owner of the embedded server's socket folder.
+    """
+
+    def __init__(self, upstream_dsn: str, *, mode: str = "transaction", pool_size: int = 4) -> None:
+        import shutil
+        import tempfile
+
+        from psycopg.conninfo import conninfo_to_dict
+
+        from senddock.sink import free_port
+
+        binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+        if not Path(binary).exists():
+            raise AssertionError("pgbouncer is not installed: apt-get install pgbouncer (.ci/run does)")
+        self._binary = binary
+        self.upstream = conninfo_to_dict(upstream_dsn)
+        self.port = free_port("127.0.0.1")
+        self.root = Path(tempfile.mkdtemp(prefix="senddock-pgbouncer-"))
+        user = self.upstream.get("user") or "postgres"
+        server = " ".join(f"{key}={value}" for key, value in self.upstream.items()
+                          if key in ("host", "port", "user", "password") and value)
+        (self.root / "users.txt").write_text(f'"{user}" ""\n', encoding="utf-8")
+        (self.root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = {server}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.root}/users.txt\n"
+            f"pool_mode = {mode}\ndefault_pool_size = {pool_size}\nmax_client_conn = 500\n"
+            f"logfile = {self.root}/pgbouncer.log\npidfile = {self.root}/pgbouncer.pid\n"
+            # psycopg sends no such parameters, but libpq-based tools may
+            "ignore_startup_parameters = extra_float_digits,options\n",
+            encoding="utf-8")
+        self._as_user: list[str] = []
+        if os.getuid() == 0:
+            import pwd
+
+            socket_folder = self.upstream.get("host", "")
+            if socket_folder.startswith("/"):  # the embedded server's socket: only its owner may connect
+                runner = pwd.getpwuid(os.stat(socket_folder).st_uid).pw_name
+            else:
+                runner = next((name for name in ("postgres", "nobody") if _user_exists(pwd, name)), "nobody")
+            shutil.chown(self.root, runner)
+            for entry in self.root.iterdir():
+                shutil.chown(entry, runner)
+            self._as_user = ["-u", runner]
+
+    def dsn(self, dbname: str | None = None) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        return make_conninfo("", host="127.0.0.1", port=self.port, user=self.upstream.get("user") or "postgres",
+                             dbname=dbname or self.upstream.get("dbname") or "postgres")
+
+    def __enter__(self) -> "PgBouncer":
+        subprocess.run([self._binary, "-d", *self._as_user, str(self.root / "pgbouncer.ini")], check=True)
+
+        def answers() -> bool:
+            try:
+                with psycopg.connect(self.dsn(), connect_timeout=2, prepare_threshold=None) as conn:
+                    conn.execute("SELECT 1")
+                return True
+            except psycopg.OperationalError:
+                return False
+        wait_for(answers, 20, "pgbouncer")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import shutil
+        import signal
+
+        pid_file = self.root / "pgbouncer.pid"
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)  # SIGTERM: at once, clients or not
+            wait_for(lambda: not pid_file.exists(), 20, "pgbouncer to stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def log(self) -> str:
+        return (self.root / "pgbouncer.log").read_text(encoding="utf-8", errors="replace")
+
+
+def _user_exists(pwd, name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False

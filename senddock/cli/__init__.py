@@ -216,6 +216,11 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         if isinstance(exc, psycopg.OperationalError):
             out.error(f"database error: {error_line(exc, dsns=_dsns(args))}", EXIT_USAGE)
             return EXIT_USAGE
+        if isinstance(exc, (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement)):
+            # Only a pooler in transaction mode mixes up psycopg's prepared statements.
+            out.error(f"database error: {error_line(exc)}: database.dsn goes through a pooler in transaction mode; "
+                      "set database.pool_mode: transaction (and database.direct_dsn for `senddock run`)", EXIT_USAGE)
+            return EXIT_USAGE
         out.error(f"database error: {redact_text(str(exc).strip(), _dsns(args))}", EXIT_PROBLEMS)
         return EXIT_PROBLEMS
     except KeyboardInterrupt:

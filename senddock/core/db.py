@@ -72,6 +72,8 @@ class Database:
         self._application_name = application_name
         self._pool: ConnectionPool | None = None  # published only once open
         self._pool_lock = threading.Lock()
+        # Whether dsn goes through a pooler in transaction mode; None: not known until probed.
+        self._pooled: bool | None = _declared_pooling(settings, dsn)
 
     def name_sessions(self, application_name: str) -> None:
         """The application_name of connections opened from now on (a node names its sessions once
@@ -95,7 +97,10 @@ class Database:
         """A pool that is open, or a DatabaseError with nothing left open."""
         # One direct attempt first: it fails at once with the server's own reason, where the
         # pool would keep retrying until its timeout and then report only that it timed out.
-        self.connect().close()
+        if self._pooled is None:
+            self._pooled = self._probe_pooling()  # its connections are that first attempt
+        else:
+            self.connect().close()
         pool = ConnectionPool(
             self.dsn,
             min_size=1,
@@ -114,11 +119,48 @@ class Database:
         return pool
 
     def connect_kwargs(self) -> dict[str, object]:
+        kwargs = self._session_kwargs()
+        if self.transaction_pooled:
+            # psycopg prepares a statement on the server after its fifth run: behind a transaction
+            # pooler that server connection is another client's by then ("prepared statement
+            # _pg3_0 does not exist", "bind message supplies 7 parameters...").
+            kwargs["prepare_threshold"] = None
+        return kwargs
+
+    def _session_kwargs(self) -> dict[str, object]:
         return {
             "autocommit": True,
             "application_name": self._application_name,
             "connect_timeout": max(1, int(self.settings.connect_timeout)),
         }
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """Whether ``dsn`` goes through a pooler in transaction mode (``database.pool_mode``;
+        ``auto`` without ``direct_dsn`` asks the server once, see :mod:`senddock.core.pooler`)."""
+        if self._pooled is None:
+            self._pooled = self._probe_pooling()
+        return self._pooled
+
+    def _probe_pooling(self) -> bool:
+        from senddock.core import pooler
+
+        def connect() -> psycopg.Connection:
+            return self._connect(self.dsn, {**self._session_kwargs(), "prepare_threshold": None})
+
+        with connect() as conn:
+            pooled = pooler.shares_sessions(conn, connect)
+        if pooled:
+            log.info("transaction_pooler_found", dsn=redact_dsn(self.dsn),
+                     meaning="dsn goes through a pooler in transaction mode: no prepared statements on its "
+                             "connections; `senddock run` needs database.direct_dsn (or set database.pool_mode)")
+        return pooled
+
+    @property
+    def session_dsn(self) -> str:
+        """Where a session of its own is (advisory locks held across transactions, LISTEN):
+        ``direct_dsn`` when set, else ``dsn``."""
+        return self.settings.direct_dsn or self.dsn
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
@@ -127,21 +169,43 @@ class Database:
             yield conn
 
     def connect(self, **kwargs: object) -> psycopg.Connection:
-        """A dedicated connection outside the pool (migrations, LISTEN, advisory-lock lifelines)."""
-        try:
-            return psycopg.connect(self.dsn, **{**self.connect_kwargs(), **kwargs})
-        except psycopg.Error as exc:  # ProgrammingError too: a DSN libpq cannot parse
-            raise self._cannot_connect(exc) from exc
+        """A dedicated connection outside the pool, through ``dsn``."""
+        return self._connect(self.dsn, {**self.connect_kwargs(), **kwargs})
 
-    def _cannot_connect(self, exc: BaseException) -> DatabaseError:
+    def connect_session(self, **kwargs: object) -> psycopg.Connection:
+        """A dedicated connection that is a session of its own (see :attr:`session_dsn`): what
+        migrations and a node's lifeline hold locks and LISTEN on."""
+        if self.settings.direct_dsn is None:
+            return self.connect(**kwargs)
+        return self._connect(self.settings.direct_dsn, {**self._session_kwargs(), **kwargs})
+
+    def _connect(self, dsn: str, kwargs: dict[str, object]) -> psycopg.Connection:
+        try:
+            return psycopg.connect(dsn, **kwargs)
+        except psycopg.Error as exc:  # ProgrammingError too: a DSN libpq cannot parse
+            raise self._cannot_connect(exc, dsn) from exc
+
+    def _cannot_connect(self, exc: BaseException, dsn: str | None = None) -> DatabaseError:
         # psycopg's text may quote parts of the DSN back, a password's among them.
-        return DatabaseError(f"cannot connect to the database {redact_dsn(self.dsn)}: {error_line(exc, dsns=[self.dsn])}")
+        dsn = dsn or self.dsn
+        return DatabaseError(f"cannot connect to the database {redact_dsn(dsn)}: {error_line(exc, dsns=[dsn])}")
 
     def close(self) -> None:
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
+def _declared_pooling(settings: DatabaseSettings, dsn: str | None) -> bool | None:
+    """``database.pool_mode`` as far as the settings tell; None: to be probed."""
+    if settings.pool_mode != "auto":
+        return settings.pool_mode == "transaction"
+    if settings.direct_dsn:
+        return True  # what direct_dsn is for: dsn is a transaction pooler
+    if not (dsn or settings.dsn):
+        return False  # the embedded Postgres, on a socket of its own
+    return None
+
 
 def stop_embedded(server) -> None:
     """Stop an embedded server now, whoever else registered with it.

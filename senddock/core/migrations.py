@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 
@@ -65,10 +67,16 @@ def pending(conn: psycopg.Connection) -> list[Migration]:
     return [m for m in known if m.version not in applied]
 
 
-def migrate(conn: psycopg.Connection) -> list[Migration]:
-    """Apply every pending migration; returns those applied. ``conn`` must be in autocommit mode."""
-    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
-    try:
+def migrate(conn: psycopg.Connection, *, lock_conn: psycopg.Connection | None = None) -> list[Migration]:
+    """Apply every pending migration; returns those applied. ``conn`` must be in autocommit mode.
+
+    Two processes never migrate at once: a session advisory lock on ``conn`` serialises them. Behind
+    a pooler in transaction mode a session lock would stay with whichever server connection took it
+    (and the unlock run on another), so ``lock_conn``, a second connection, holds a transaction
+    lock instead, in a transaction left open (the pooler keeps its server connection) while
+    ``conn`` migrates.
+    """
+    with _migration_lock(conn, lock_conn):
         conn.execute(
             """CREATE TABLE IF NOT EXISTS senddock_migrations (
                    version integer PRIMARY KEY,
@@ -82,6 +90,18 @@ def migrate(conn: psycopg.Connection) -> list[Migration]:
         if todo:  # one line, not one per migration: a new database's first command says it once
             log.info("schema_migrated", version=todo[-1].version, applied=[m.name for m in todo])
         return todo
+
+
+@contextmanager
+def _migration_lock(conn: psycopg.Connection, lock_conn: psycopg.Connection | None) -> Iterator[None]:
+    if lock_conn is not None:
+        with lock_conn.transaction():
+            lock_conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+            yield
+        return
+    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    try:
+        yield
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
 

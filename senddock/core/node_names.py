@@ -33,6 +33,12 @@ class NodeNameTaken(UsageError):
     """The node name is held by a live process."""
 
 
+NOT_A_SESSION = (
+    "the node's lifeline is not a database session of its own: its connection goes through a pooler in "
+    "transaction mode (PgBouncer pool_mode=transaction), where its advisory lock would prove nothing. Set "
+    "database.direct_dsn to a direct or session-pooled connection for the lifeline")
+
+
 class NotASession(DatabaseError):
     """The lifeline's connection is not one server session (a pooler in transaction mode)."""
 
@@ -90,7 +96,4 @@ def check_lock_is_ours(conn: psycopg.Connection, lock_class: int, lock_id: int) 
     for _ in range(3):  # a transaction pooler moves statements between server connections
         ours = conn.execute(query("node_lock_is_ours"), {"lock_class": lock_class, "lock_id": lock_id}).fetchone()[0]
         if not ours:
-            raise NotASession(
-                "the lifeline's advisory lock is not held by the database session it talks to: its connection "
-                "goes through a pooler in transaction mode (PgBouncer pool_mode=transaction). Set "
-                "database.direct_dsn to a direct or session-pooled connection for the lifeline")
+            raise NotASession(NOT_A_SESSION)

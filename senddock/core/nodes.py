@@ -22,7 +22,8 @@ from psycopg.rows import dict_row
 from senddock.config import Config
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
-from senddock.core.node_names import NodeNameTaken, check_lock_is_ours, claim_name
+from senddock.core.node_names import NOT_A_SESSION, NodeNameTaken, NotASession, check_lock_is_ours, claim_name
+from senddock.core.pooler import shares_sessions
 from senddock.core.queries import query
 from senddock.errors import SenddockError, error_line
 
@@ -71,7 +72,7 @@ class Lifeline(threading.Thread):
         self.error: SenddockError | str | None = None
         # Session locks and LISTEN need a real session: behind PgBouncer in transaction mode,
         # database.direct_dsn names a direct one.
-        self._dsn = config.database.direct_dsn or db.dsn
+        self._dsn = db.session_dsn
 
     # -- what the claimer, the senders and the completer ask -----------------------------------
 
@@ -97,12 +98,15 @@ class Lifeline(threading.Thread):
                 with self._connect() as conn:
                     backoff = 0.1
                     self._serve(conn)
-            except NodeNameTaken as exc:
-                # Another live process holds this node's name (it took it while we were away):
-                # two live processes of one name could take each other's jobs. Stop the node.
+            except (NodeNameTaken, NotASession) as exc:
+                # Another live process holds this node's name (it took it while we were away): two
+                # live processes of one name could take each other's jobs. Or the lifeline's
+                # connection is no session of its own (a pooler in transaction mode): its lock
+                # would prove nothing. Either way, stop the node.
                 self._lock_held = False
                 self.error = exc
-                log.error("node_name_taken", node=self.node.name, error=str(exc))
+                log.error("node_name_taken" if isinstance(exc, NodeNameTaken) else "lifeline_not_a_session",
+                          node=self.node.name, error=str(exc))
                 self.registered.set()
                 return
             except Exception as exc:
@@ -120,14 +124,18 @@ class Lifeline(threading.Thread):
 
     def _connect(self) -> psycopg.Connection:
         name = self.node.name or "?"
-        kwargs = {**self._db.connect_kwargs(), "application_name": f"senddock-lifeline {name}"[:63]}
-        return psycopg.connect(self._dsn, **kwargs)
+        return self._db.connect_session(application_name=f"senddock-lifeline {name}"[:63])
 
     def _serve(self, conn: psycopg.Connection) -> None:
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.
         # The completer compares it with its own: a change means results may be lost even where its
         # connection never broke (behind a pooler).
         self.epoch = ensure_epoch(conn).id
+        if shares_sessions(conn, self._connect):
+            # Before any lock is taken: through a pooler it would stay with a server connection
+            # after the node is gone. (An idle pooler hands the same server connection back every
+            # time, so the lock checks below alone may pass; a second client's transaction shows it.)
+            raise NotASession(NOT_A_SESSION)
         name = claim_name(conn, self.node.name or None, node_id=self.node.id, lock_class=LOCK_CLASS,
                           lease=self._lease, stopping=self._stop_event, reconnecting=self.lock_id is not None)
         if self.lock_id is None:
@@ -172,9 +180,10 @@ class Lifeline(threading.Thread):
         row = conn.execute(query("node_heartbeat"),
                            {"node_id": self.node.id, "lock_class": LOCK_CLASS, "lock_id": self.lock_id}).fetchone()
         if row is None:
-            # Not the session that holds our lock (a pooler moved us, or the lock is gone).
+            # Not the session that holds our lock: a pooler moved us (a lock that is gone comes
+            # with a broken connection, which raises).
             self._lock_held = False
-            raise psycopg.OperationalError("the lifeline's session no longer holds the node's lock")
+            raise NotASession(NOT_A_SESSION)
         self._last_ok = sent
 
 
