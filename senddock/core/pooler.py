@@ -7,12 +7,14 @@ statement: psycopg's server-side prepared statements (``_pg3_0``...) land on oth
 connections, and a session advisory lock is held by a server connection that keeps it after the
 client is gone. ``SHOW pool_mode`` is PgBouncer's admin console only, so the test is behavioural.
 
-:func:`shares_sessions`: while a second client holds a transaction open (which pins the server
-connection it got), the first client asks which backend answers it. On a direct (or session-pooled)
-connection the two are different sessions and the first client's backend never changes. Through a
-transaction pooler, either the second client was handed the first one's server connection
-(PgBouncer reuses the most recently released one first) or the first client is moved to another
-(round robin); three rounds, each starting with the second client, catch both.
+:func:`shares_sessions`: in each round the first client runs a statement (its server connection
+goes back to the pooler, first in line), then a second client opens a transaction (which pins
+the server connection it is handed), then the first client asks again which backend answers it.
+On a direct (or session-pooled) connection the two are different sessions and the first
+client's backend never changes. Through a transaction pooler, either the second client is handed
+the first one's server connection (PgBouncer reuses the most recently released first) or the
+first client is moved to another (round robin). Other clients of the pooler may take that server
+connection in between and hide it for a round, never for long: rounds repeat.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from collections.abc import Callable
 
 import psycopg
 
-# Rounds of the probe: PgBouncer's default (LIFO) shows itself in the first; round robin over two
-# server connections in the second.
-ROUNDS = 3
+# Rounds of the probe: one shows PgBouncer (LIFO or round robin) when nobody else uses it; more
+# for when other clients take the server connections in between.
+ROUNDS = 5
 
 
 def backend_pid(conn: psycopg.Connection) -> int:
@@ -37,10 +39,10 @@ def shares_sessions(conn: psycopg.Connection, connect: Callable[[], psycopg.Conn
     first = backend_pid(conn)
     with connect() as other:
         for _ in range(ROUNDS):
+            if backend_pid(conn) != first:
+                return True
             with other.transaction():
                 # The open transaction pins the server connection `other` was handed.
-                other_pid = backend_pid(other)
-                moved = backend_pid(conn) != first
-            if other_pid == first or moved:
-                return True
+                if backend_pid(other) == first or backend_pid(conn) != first:
+                    return True
     return False

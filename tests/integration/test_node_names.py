@@ -132,6 +132,9 @@ class _TransactionPooler:
     def notifies(self, **kwargs):
         return self._conns[0].notifies(**kwargs)
 
+    def transaction(self):
+        return self._conns[self._turn % 2].transaction()
+
     def __enter__(self):
         return self
 
