@@ -6,11 +6,14 @@ import atexit
 import logging
 import sys
 import threading
+import time
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 FLUSH_INTERVAL = 0.2  # seconds a JSON log line may wait in the buffer
 # Lines that may wait while stderr takes none (about 25 MB of JSON lines); more are dropped and counted.
 MAX_BUFFERED = 100_000
+# While the database cannot be reached, one line per this many seconds says so (see _StdlibBridge).
+UNREACHABLE_EVERY = 10.0
 
 
 def configure_logging(level: str = "info", fmt: str = "auto") -> None:
@@ -44,7 +47,19 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
 class _StdlibBridge(logging.Handler):
     """Libraries' standard-library log records (psycopg_pool's "discarding closed connection"
     during a Postgres restart...) rendered as senddock's own lines, so JSON stderr stays one JSON
-    object per line exactly when an incident makes people read it. Passwords are masked."""
+    object per line exactly when an incident makes people read it. Passwords are masked.
+
+    psycopg_pool says "error connecting" at every attempt to reconnect, in many lines (one per host
+    of a multi-host DSN): about 10 a second per node while Postgres is down. They become one
+    ``database_unreachable`` line at the first failure and then one per UNREACHABLE_EVERY, with
+    the attempts counted since the last and the first line of the last error.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._unreachable_lock = threading.Lock()
+        self._failed_attempts = 0
+        self._unreachable_said_at = float("-inf")
 
     def emit(self, record: logging.LogRecord) -> None:
         import structlog
@@ -52,11 +67,28 @@ class _StdlibBridge(logging.Handler):
         from senddock.redact import redact_dsn
 
         try:
+            message = record.getMessage()
+            if record.name.startswith("psycopg.pool") and message.startswith("error connecting"):
+                self._unreachable(redact_dsn(message.splitlines()[0]), record.name)
+                return
             logger = structlog.get_logger(record.name)
             method = getattr(logger, record.levelname.lower(), logger.warning)
-            method(redact_dsn(record.getMessage()), logger=record.name)
+            method(redact_dsn(message), logger=record.name)
         except Exception:  # noqa: BLE001 - logging must never raise into the library
             self.handleError(record)
+
+    def _unreachable(self, error: str, name: str) -> None:
+        import structlog
+
+        now = time.monotonic()
+        with self._unreachable_lock:
+            self._failed_attempts += 1
+            if now - self._unreachable_said_at < UNREACHABLE_EVERY:
+                return
+            attempts, self._failed_attempts = self._failed_attempts, 0
+            self._unreachable_said_at = now
+        structlog.get_logger(name).warning("database_unreachable", attempts=attempts, error=error,
+                                           next_line_within_s=UNREACHABLE_EVERY, logger=name)
 
 
 def _bridge_stdlib_logging(level: int) -> None:

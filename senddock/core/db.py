@@ -12,6 +12,7 @@ from typing import TypeVar
 import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
 from senddock.config import DatabaseSettings
 from senddock.errors import DatabaseError, error_line
@@ -104,7 +105,7 @@ class Database:
             self._checked(lambda: self.transaction_pooled)
         else:
             self.connect().close()
-        pool = ConnectionPool(
+        pool = _PromptPool(
             self.dsn,
             min_size=1,
             max_size=self._pool_size,
@@ -205,6 +206,28 @@ class Database:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
+
+
+class _PromptAttempt(AttemptWithBackoff):
+    """psycopg_pool waits 1, 2, 4, 8... s between attempts to reconnect: after a failover that took
+    a few seconds, a node's pool came back up to 4 s after the new primary did, and every node's
+    claims wait for every live node to settle (see core.journal). 0.1 s at first, doubling to 1 s
+    at most: a pool of 10 tries about 10 times a second while the database is down (the logs count
+    those attempts rather than print each, see cli.logs)."""
+
+    INITIAL_DELAY = 0.1
+    MAX_DELAY = 1.0
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, self.MAX_DELAY)
+
+
+class _PromptPool(ConnectionPool):
+    """A ConnectionPool whose reconnection attempts follow _PromptAttempt."""
+
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        super()._add_connection(attempt or _PromptAttempt(timeout=self.reconnect_timeout), growing=growing)
 
 
 def _declared_pooling(settings: DatabaseSettings, dsn: str | None) -> bool | None:

@@ -6,6 +6,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 
 import structlog
 
@@ -25,10 +26,34 @@ def test_a_librarys_stdlib_warning_is_a_json_line_with_the_password_masked(capsy
         structlog.reset_defaults()
         logging.getLogger().handlers = []
     records = [json.loads(line) for line in lines]  # every line is one JSON object
-    assert [(r["event"].split(":")[0], r["level"]) for r in records] == [
-        ("error connecting in 'senddock'", "warning"), ("ours", "info")]
+    assert [(r["event"], r["level"]) for r in records] == [("database_unreachable", "warning"), ("ours", "info")]
     assert records[0]["logger"] == "psycopg.pool"
+    assert records[0]["error"].startswith("error connecting in 'senddock': connection to postgresql://mailer:")
     assert "s3cret" not in lines[0]
+
+
+def test_the_pools_attempts_to_reconnect_are_one_line_per_interval_with_their_count(capsys, monkeypatch):
+    """psycopg_pool says so at every attempt, in a line per host: about 10 a second per node."""
+    from senddock.cli import logs
+
+    monkeypatch.setattr(logs, "UNREACHABLE_EVERY", 0.3)
+    configure_logging("info", "json")
+    pool = logging.getLogger("psycopg.pool")
+    failure = ("error connecting in 'senddock': connection failed: connection to server at \"10.0.0.1\", port 5432 "
+               "failed: Connection refused\nMultiple connection attempts failed. All failures were:\n- host: ...")
+    try:
+        for _ in range(40):
+            pool.warning(failure)
+        time.sleep(0.35)
+        for _ in range(5):
+            pool.warning(failure)
+        flush_logs()
+        records = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.strip()]
+    finally:
+        structlog.reset_defaults()
+        logging.getLogger().handlers = []
+    assert [(r["event"], r["attempts"]) for r in records] == [("database_unreachable", 1), ("database_unreachable", 40)]
+    assert all("\n" not in r["error"] and "Multiple" not in r["error"] for r in records)
 
 
 # A process whose stderr is a pipe nobody reads: far more than the pipe's 64 KB of lines, then a
