@@ -150,7 +150,8 @@ def explain(conn: psycopg.Connection, node: NodeIdentity, broadcast_id: int, lab
     ``fresh``: from the state every measurement starts from (see reset)."""
     if fresh:
         reset(conn, broadcast_id)
-    params = {"limit": BATCH, "node_id": node.id, "claim_token": uuid.uuid4(), "async_results": True, "begun": True}
+    params = {"limit": BATCH, "node_id": node.id, "claim_token": uuid.uuid4(), "async_results": True, "begun": True,
+              "lease": 30.0}
     with conn.transaction(force_rollback=True):  # ANALYZE really claims: undo it
         lines = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params)]
     print(f"--- EXPLAIN (ANALYZE, BUFFERS) of one claim, {label} ---", *lines, "", sep="\n", file=sys.stderr)

@@ -115,6 +115,7 @@ class RecoverySettings:
     lease: float
     in_doubt: str
     max_rescues: int
+    failover_window: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class Config:
             lease=parse_duration(r["lease"]),
             in_doubt=r["in_doubt"],
             max_rescues=r["max_rescues"],
+            failover_window=parse_duration(r["failover_window"]),
         )
 
     @property

@@ -131,7 +131,8 @@ def register(conn: psycopg.Connection, name: str, *, heartbeat_age: str = "0 sec
 
     ensure_epoch(conn)
     node = NodeIdentity(id=uuid.uuid4(), name=name, host="test", pid=1)
-    conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at) VALUES (%s, %s, 'test', 1, now() - %s::interval)",
+    conn.execute("INSERT INTO nodes (id, name, host, pid, heartbeat_at, settled_epoch) "
+                 "VALUES (%s, %s, 'test', 1, now() - %s::interval, (SELECT id FROM server_epoch))",
                  (node.id, name, heartbeat_age))
     return node
 

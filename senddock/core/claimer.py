@@ -29,6 +29,7 @@ from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.inflight import Deck, HeldClaims, Slots
+from senddock.core.journal import Journal
 from senddock.core.nodes import Lifeline
 from senddock.core.pacing_gate import PacingGate
 from senddock.core.queue import ClaimedJob, Queue
@@ -64,6 +65,7 @@ class Claimer(threading.Thread):
         lifeline: Lifeline,
         stopping: threading.Event,
         wait_for_work: Callable[[float], None],
+        journal: Journal,
         metrics: NodeMetrics | None = None,
     ) -> None:
         super().__init__(name="senddock-claimer", daemon=True)
@@ -78,10 +80,12 @@ class Claimer(threading.Thread):
         self._senders = senders
         self._completer = completer
         self._lifeline = lifeline
+        self._journal = journal
         self._stopping = stopping
         self._wait_for_work = wait_for_work
         self._claim_duration = (metrics or NodeMetrics()).claim_duration
         self._unanswered: uuid.UUID | None = None  # a claim whose reply never came
+        self._retry = threading.Event()  # ends a wait to reconnect early (see wake)
         self._deck_retry_at = 0.0  # monotonic: a claim for the deck found too little; the next not before
         self.dry = False  # the last claim found fewer due jobs than it asked for
         self.busy = False
@@ -101,7 +105,8 @@ class Claimer(threading.Thread):
             except Exception:
                 log.exception("claimer_error", retry_in=backoff)
             self.busy = False
-            self._stopping.wait(backoff)
+            self._retry.wait(backoff)  # or at once when woken: the lifeline is back, or stopping
+            self._retry.clear()
             backoff = min(backoff * 2, 5.0)
         if self._unanswered is not None:
             # Stopping with a claim whose reply never came: put it back on a fresh connection if
@@ -159,8 +164,10 @@ class Claimer(threading.Thread):
                 self._claim(queue, min(self._deck.room(), config.claim_batch), None)
 
     def wake(self) -> None:
-        """New work may be due (a broadcast, recovered jobs): look for it now, deck included."""
+        """New work may be due (a broadcast, recovered jobs), or the database is back (the lifeline
+        reconnected): look for it now, deck included."""
         self._deck_retry_at = 0.0
+        self._retry.set()
         self._slots.notify()
 
     def _deck_wanted(self) -> bool:
@@ -187,6 +194,22 @@ class Claimer(threading.Thread):
         self._claims.hold(token)
         self._unanswered = token
         flushes = self._completer.flushes
+        with self._journal.beginning():  # a settle waits until this claim's begun jobs are journaled
+            jobs, unmarked, begun = self._claim_in(queue, token, wanted, marks_begun, flushes)
+        self.dry = len(jobs) < wanted
+        self.busy = False
+        if for_deck:
+            if self.dry:
+                # Nothing more due now: the deck waits (the slots do not: the loop still begins
+                # the deck's jobs as they free up, where sleeping on new work would not).
+                self._deck_retry_at = time.monotonic() + self._wait()
+        elif not jobs or (unmarked and not begun):
+            self._wait_for_work(self._wait())
+
+    def _claim_in(self, queue: Queue, token: uuid.UUID, wanted: int, marks_begun: bool | None,
+                  flushes: int) -> tuple[list[ClaimedJob], list[ClaimedJob], list[ClaimedJob]]:
+        """The claim statement and what becomes of its jobs: (claimed, claimed unmarked, begun)."""
+        for_deck = marks_begun is None
         with self._claim_duration.time():
             jobs = queue.claim(wanted, token, begun=False if for_deck else marks_begun)
         claimed_at = time.monotonic()
@@ -212,15 +235,7 @@ class Claimer(threading.Thread):
             self._unanswered = None
             self._claims.expect(token, len(begun))
             self._start(begun, claimed_at)
-        self.dry = len(jobs) < wanted
-        self.busy = False
-        if for_deck:
-            if self.dry:
-                # Nothing more due now: the deck waits (the slots do not: the loop still begins
-                # the deck's jobs as they free up, where sleeping on new work would not).
-                self._deck_retry_at = time.monotonic() + self._wait()
-        elif not jobs or (unmarked and not begun):
-            self._wait_for_work(self._wait())
+        return jobs, unmarked, begun
 
     def _begin_from_deck(self, queue: Queue, free: int) -> None:
         """Slots freed with jobs on the deck that the completer did not take: begin them here,
@@ -229,6 +244,10 @@ class Claimer(threading.Thread):
         by_token: dict[uuid.UUID, list[tuple[ClaimedJob, float]]] = defaultdict(list)
         for job, claimed_at in self._deck.take(free):
             by_token[job.claim_token].append((job, claimed_at))
+        with self._journal.beginning():
+            self._begin_deck_claims(queue, by_token)
+
+    def _begin_deck_claims(self, queue: Queue, by_token: dict[uuid.UUID, list[tuple[ClaimedJob, float]]]) -> None:
         try:
             while by_token:
                 token, entries = next(iter(by_token.items()))
@@ -251,7 +270,8 @@ class Claimer(threading.Thread):
             self.busy = False
 
     def _start(self, jobs: list[ClaimedJob], claimed_at: float) -> None:
-        """Jobs marked begun: their slots, then the senders."""
+        """Jobs marked begun: the journal, their slots, then the senders."""
+        self._journal.began(jobs)
         self._slots.take(len(jobs))
         for job in jobs:
             self._senders.submit(Dispatch(job, claimed_at))

@@ -33,6 +33,7 @@ from senddock.core.aftercare import Aftercare, Committed
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.inflight import Deck, HeldClaims, Slots
+from senddock.core.journal import Journal
 from senddock.core.nodes import Lifeline
 from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
 from senddock.errors import error_line
@@ -61,6 +62,11 @@ MAX_GROUP = 500
 # wait never touches the in-doubt bound: the slots are the same.
 LINGER = 0.010
 LINGER_IN_FLIGHT = 64
+# How long a settle waits for a claim whose reply has come to journal its jobs (microseconds,
+# unless the claimer thread is descheduled).
+BEGIN_WAIT = 1.0
+# Seconds before a settle is tried again when the server did not take it (see _adopt).
+SETTLE_RETRY = 0.5
 
 
 @dataclass
@@ -90,6 +96,7 @@ class Completer(threading.Thread):
         claims: HeldClaims,
         aftercare: Aftercare,
         lifeline: Lifeline,
+        journal: Journal,
         async_results: bool,
         finish_campaigns: Callable[[Queue, set[int]], None],
         queue_dry: Callable[[], bool],
@@ -112,6 +119,7 @@ class Completer(threading.Thread):
         self._claims = claims
         self._aftercare = aftercare
         self._lifeline = lifeline
+        self._journal = journal  # what this node began and recorded lately (see _server_lost_wal)
         self._async = async_results
         self._finish_campaigns = finish_campaigns
         self._queue_dry = queue_dry
@@ -121,6 +129,7 @@ class Completer(threading.Thread):
         # this thread for each: it is woken once the wait should end.
         self._waiting_on_runway = False
         self._wake = threading.Event()
+        self._retry = threading.Event()  # ends a wait to reconnect early (see database_back)
         self._closing = threading.Event()  # no more input will come: record what is left and stop
         self._lock = threading.Lock()
         # Commits so far; results committed asynchronously, with the commit that carried them.
@@ -133,7 +142,8 @@ class Completer(threading.Thread):
         self._unacted: tuple[list[Done], dict[int, Recorded], bool, int] | None = None
         self._failed_refill: list[ClaimedJob] = []  # the deck's jobs that commit was to mark begun
         self._touched: set[int] = set()  # broadcasts with results since campaigns were last finished
-        self._epoch = None
+        self._epoch = None  # the server epoch this node has settled in
+        self._settle_again_at = 0.0  # monotonic: a settle the server did not take is tried again then
         self.pending = 0  # results handed over and not committed yet (read by the idle check)
         self.group_size = 0.0  # results per commit, smoothed (read by the claimer: is a deck worth it)
 
@@ -169,6 +179,11 @@ class Completer(threading.Thread):
         for item in done:
             self._claims.settle(item.row.job.claim_token)
 
+    def database_back(self) -> None:
+        """The lifeline reconnected: a wait to reconnect ends now (after a failover the sooner this
+        node settles, the sooner every node claims again)."""
+        self._retry.set()
+
     def close(self) -> None:
         """No more results will come (the senders have stopped)."""
         self._closing.set()
@@ -185,11 +200,12 @@ class Completer(threading.Thread):
                     queue = self._queue_for_conn(conn)
                     epoch = ensure_epoch(conn).id
                     self._settle(queue)
-                    if self._epoch is not None and epoch != self._epoch:
+                    if self._epoch is None:
+                        self._adopt(queue, epoch)  # a node's start: nothing to settle
+                    elif epoch != self._epoch:
                         # The server lost WAL while this connection was down (the lifeline may
-                        # have seen the new epoch first): check the results it may have lost.
+                        # have seen the new epoch first): check what it may have lost.
                         self._server_lost_wal(queue, epoch)
-                    self._epoch = epoch
                     backoff = 0.1
                     if self._loop(queue):
                         self._let_go()
@@ -204,14 +220,15 @@ class Completer(threading.Thread):
                 log.error("completer_gave_up", results=self.pending)
                 self._let_go()
                 return
-            time.sleep(backoff)
+            self._retry.wait(backoff)  # or at once when the lifeline is back (see database_back)
+            self._retry.clear()
             backoff = min(backoff * 2, 5.0)
 
     def _loop(self, queue: Queue) -> bool:
         """Commit groups until closed and drained; True once done."""
         while True:
             group, closed = self._collect()
-            if self._lifeline.epoch is not None and self._lifeline.epoch != self._epoch:
+            if self._unsettled(self._lifeline.epoch):
                 self._server_lost_wal(queue, self._lifeline.epoch)
             if group:
                 self._commit(queue, group)
@@ -295,8 +312,10 @@ class Completer(threading.Thread):
         self._failed, self._failed_refill = group, [job for job, _ in refill]
         if back:
             released = queue.release(back)
+            self._journal.ended(back)
             log.info("jobs_put_back", jobs=released)
         commit = queue.commit_group([d.row for d in results], begin=self._failed_refill)
+        self._journal.recorded([d.row for d in results])
         self._failed, self._failed_refill = [], []
         for campaign_id in commit.stopped:
             # Paused or cancelled elsewhere (a person, another node): this node's next jobs of it,
@@ -305,6 +324,7 @@ class Completer(threading.Thread):
         self.group_size += 0.2 * (len(results) - self.group_size)
         started = [(job, at) for job, at in refill if job.id in commit.begun]
         if started:
+            self._journal.began(job for job, _ in started)
             self._dispatch(started)  # first: nothing below may strand a job marked begun
         # Until they are put back, a lost connection must not lose them (see _settle).
         self._failed_refill = [job for job, _ in refill if job.id not in commit.begun]
@@ -404,8 +424,10 @@ class Completer(threading.Thread):
             back = [d.job for d in group if d.row is None]
             if back:
                 queue.release(back)
+                self._journal.ended(back)
             results = [d for d in group if d.row is not None]
             recorded, _ = self._commit_missing(queue, [d.row for d in results])
+            self._journal.recorded([d.row for d in results])
         # The deck's jobs of that commit (or unmarked by one whose put-back failed): their marks,
         # if any committed, are cleared by the release.
         self._put_back(self._failed_refill, queue)
@@ -413,35 +435,64 @@ class Completer(threading.Thread):
         if group:
             self._done(group, recorded, False, queue)
 
+    def _unsettled(self, epoch) -> bool:
+        return epoch is not None and epoch != self._epoch and time.monotonic() >= self._settle_again_at
+
     def _server_lost_wal(self, queue: Queue, epoch) -> None:
-        """A new server epoch (the lifeline saw it, or this completer reconnected into it): results
-        committed asynchronously may be gone, even where this connection never broke (a pooler in
-        transaction mode keeps the client side of it open across a Postgres crash). Check them and
-        commit the missing ones again. They stay unsure, and the epoch the old one, until that
-        succeeds: this connection may be the dead one."""
+        """A new server epoch (the lifeline saw it, or this completer reconnected into it): the
+        server may have lost claims, begin marks and results of this node's, even where this
+        connection never broke (a pooler in transaction mode keeps the client side of it open
+        across a Postgres crash), and a promoted asynchronous standby may have lost them all.
+        Settle before anyone claims again (see senddock.core.journal): the jobs in flight taken
+        back under their claims, the results of the journal's window (and those committed
+        asynchronously and not yet covered) committed again where missing, then this node marked
+        settled in the epoch. They stay unsure, and the epoch the old one, until that succeeds:
+        this connection may be the dead one."""
+        in_flight, remembered = self._journal.snapshot(wait=BEGIN_WAIT)
         with self._lock:
             unsure = list(self._unsure)
+        taken = queue.reclaim(in_flight)
+        rows = _distinct([c.row for _, _, c in unsure] + remembered)
+        if rows or taken:
+            log.warning("server_epoch_changed", epoch=str(epoch), in_flight=len(in_flight), taken_back=len(taken),
+                        results=len(rows))
+        _, again = self._commit_missing(queue, rows)
+        for _, _, item in unsure:
+            if item.row.result.bounce and item.hooks_ran and item.row.job.id in again:
+                queue.bounce_done(item.row.job.id)  # its pending hooks row came back with it: they ran
         if unsure:
-            log.warning("server_epoch_changed", results=len(unsure))
-            _, again = self._commit_missing(queue, [c.row for _, _, c in unsure])
-            for _, _, item in unsure:
-                if item.row.result.bounce and item.hooks_ran and item.row.job.id in again:
-                    queue.bounce_done(item.row.job.id)  # its pending hooks row came back with it: they ran
             checked = {id(entry) for entry in unsure}
             with self._lock:
                 self._unsure = [entry for entry in self._unsure if id(entry) not in checked]
             for _, _, item in unsure:
                 self._claims.settle(item.row.job.claim_token)
-        self._epoch = epoch
+        self._adopt(queue, epoch)
+
+    def _adopt(self, queue: Queue, epoch) -> None:
+        """``epoch`` is the one this node has settled in: claims no longer wait for it. Not yet if
+        the server says otherwise (another loss of WAL since, or the node's row lost with the
+        primary's last moments and not yet made again by the lifeline): tried again shortly."""
+        if queue.settled(epoch):
+            log.info("node_settled", epoch=str(epoch))
+            self._epoch = epoch
+        else:
+            self._settle_again_at = time.monotonic() + SETTLE_RETRY
 
     def _commit_missing(self, queue: Queue, rows: list[ResultRow]) -> tuple[dict[int, Recorded], set[int]]:
         """Commit again, synchronously, the results the database does not have. Returns what each
         row's result did, and the jobs whose results were committed again."""
         if not rows:
             return {}, set()
-        there = queue.results_recorded(rows)
-        missing = [r for r in rows if r.job.id not in there]
-        again = queue.record_results(missing, synchronous=True) if missing else {}
+        there: dict[int, bool] = {}
+        again: dict[int, Recorded] = {}
+        for start in range(0, len(rows), MAX_GROUP):  # a journal's window may hold thousands
+            chunk = rows[start:start + MAX_GROUP]
+            found = queue.results_recorded(chunk)
+            missing = [r for r in chunk if r.job.id not in found]
+            there.update(found)
+            if missing:
+                again.update(queue.record_results(missing, synchronous=True))
+        missing = [r for r in rows if r.job.id in again]
         for row in missing:
             log.warning("result_committed_again", job_id=row.job.id, outcome=row.result.outcome,
                         claim_lost=not again[row.job.id].recorded)
@@ -455,3 +506,10 @@ class Completer(threading.Thread):
             unsure, self._unsure = self._unsure, []
         for _, _, item in unsure:
             self._claims.settle(item.row.job.claim_token)
+
+
+def _distinct(rows: list[ResultRow]) -> list[ResultRow]:
+    """The latest result of each job (the rows come in commit order): a result may be both unsure
+    and in the journal, and a job retried within the window has several. One statement records one
+    result per job, and the latest says what became of it."""
+    return list({row.job.id: row for row in rows}.values())

@@ -40,7 +40,8 @@ def ensure_epoch(conn: psycopg.Connection) -> ServerEpoch:
             if epoch.new and epoch.in_flight:
                 log.warning("server_epoch_started", epoch=str(epoch.id),
                             meaning="the database server lost the end of its WAL (a crash-restart, a failover): "
-                                    "the jobs that were being sent are recovered as in doubt")
+                                    "live nodes commit again what it lost before anyone claims, and the jobs of "
+                                    "nodes that died while sending are recovered as in doubt")
             elif epoch.new:  # a new database, or a crash while nothing was being sent: nothing to fear
                 log.info("server_epoch_started", epoch=str(epoch.id))
             return epoch

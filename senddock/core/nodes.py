@@ -130,6 +130,7 @@ class Lifeline(threading.Thread):
         # Before the lock: a lock proves this incarnation alive only within the epoch it was taken in.
         # The completer compares it with its own: a change means results may be lost even where its
         # connection never broke (behind a pooler).
+        known_epoch = self.epoch
         self.epoch = ensure_epoch(conn).id
         if shares_sessions(conn, self._connect):
             # Before any lock is taken: through a pooler it would stay with a server connection
@@ -138,12 +139,15 @@ class Lifeline(threading.Thread):
             raise NotASession(NOT_A_SESSION)
         name = claim_name(conn, self.node.name or None, node_id=self.node.id, lock_class=LOCK_CLASS,
                           lease=self._lease, stopping=self._stop_event, reconnecting=self.lock_id is not None)
-        if self.lock_id is None:
-            self.node = replace(self.node, name=name)
-            self.lock_id = conn.execute(
-                query("node_register"),
-                {"node_id": self.node.id, "name": self.node.name, "host": self.node.host, "pid": self.node.pid},
-            ).fetchone()[0]
+        # On every connection: a promoted standby may have lost the row (see node_register). A new
+        # node has settled in the current epoch; a returning one in the epoch it knew, and must
+        # settle in a new one (the completer does, see journal).
+        self.node = replace(self.node, name=name)
+        self.lock_id = conn.execute(
+            query("node_register"),
+            {"node_id": self.node.id, "name": self.node.name, "host": self.node.host, "pid": self.node.pid,
+             "settled_epoch": known_epoch or self.epoch},
+        ).fetchone()[0]
         self._take_lock(conn)
         check_lock_is_ours(conn, LOCK_CLASS, self.lock_id)
         conn.execute(f"LISTEN {NOTIFY_CHANNEL}")

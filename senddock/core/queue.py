@@ -128,10 +128,11 @@ class Queue:
     """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
 
     def __init__(self, conn: psycopg.Connection, node: NodeIdentity, *, result_commit: str = "async",
-                 webhooks: Subscriptions = NO_WEBHOOKS) -> None:
+                 webhooks: Subscriptions = NO_WEBHOOKS, lease: float = 30.0) -> None:
         self.conn = conn
         self.node = node
         self._synchronous_commit = "off" if result_commit == "async" else "on"
+        self._lease = lease  # recovery.lease: who counts as live (claims wait for live nodes to settle)
         # The events webhooks subscribed to are written in the transaction of their facts.
         self.webhooks = webhooks
 
@@ -144,7 +145,7 @@ class Queue:
         order, which says what began).
         """
         params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4(),
-                  "async_results": self._synchronous_commit == "off", "begun": begun}
+                  "async_results": self._synchronous_commit == "off", "begun": begun, "lease": self._lease}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
             jobs = cur.execute(query("jobs_claim"), params).fetchall()
         return sorted(jobs, key=lambda j: j.id)
@@ -210,6 +211,30 @@ class Queue:
         params = {"job_ids": [r.job.id for r in rows], "started_ats": [r.started_at for r in rows],
                   "node_id": self.node.id}
         return dict(self.conn.execute(query("jobs_results_recorded"), params).fetchall())
+
+    def reclaim(self, jobs: Sequence[ClaimedJob]) -> set[int]:
+        """After a loss of WAL: take back this node's jobs in flight under their claims, marked
+        begun, where the server lost the claim or the mark (see senddock.core.journal). Returns the
+        ids taken back."""
+        if not jobs:
+            return set()
+        params = {"job_ids": [j.id for j in jobs], "tokens": [j.claim_token for j in jobs],
+                  "node_id": self.node.id, "async_results": self._synchronous_commit == "off"}
+        taken, _ = self.conn.execute(query("jobs_reclaim"), params).fetchone()
+        return set(taken or ())
+
+    def settled(self, epoch: uuid.UUID) -> bool:
+        """This node has re-applied what it remembers in ``epoch``: claims no longer wait for it.
+        False when ``epoch`` is no longer the server's (settle again in the new one)."""
+        return self.conn.execute(query("node_settled"), {"node_id": self.node.id, "epoch": epoch}).fetchone() is not None
+
+    def unsettled_nodes(self) -> list[tuple[str, str, int, float | None]]:
+        """Live nodes every claim waits for: (name, host, pid, seconds since the epoch began)."""
+        return self.conn.execute(query("nodes_unsettled"), {"lease": self._lease}).fetchall()
+
+    def replication_lag(self) -> float | None:
+        """Seconds of WAL the server's standbys have not flushed (None: no standby it may read)."""
+        return self.conn.execute(query("replication_lag")).fetchone()[0]
 
     def in_flight_by_domain(self) -> dict[str, int]:
         """Sends in flight in the whole cluster, by recipient domain."""

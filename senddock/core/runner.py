@@ -31,6 +31,7 @@ from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.inflight import DECK_FLOOR, RUNWAY, Deck, Halts, HeldClaims, Slots
+from senddock.core.journal import Journal
 from senddock.core.migrations import applied_versions, latest_version
 from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.pacing_gate import PacingGate
@@ -92,8 +93,10 @@ class Runner:
         self.deliverers = Webhooks(endpoints(config.data), self.db, poll_interval=config.poll_interval,
                                    metrics=self.metrics)
         self.metrics.count_in_flight(lambda: self.slots.in_use)
+        self.metrics.failover_window.set(config.recovery.failover_window)
         self._health: HealthServer | None = None
         self._tallies_folded_at = float("-inf")
+        self._unsettled_said_at = float("-inf")
         # Before the first claim: a DKIM key that cannot be read stops the node at start-up.
         self.composer = Composer(config)
         self._wake = threading.Condition()
@@ -103,6 +106,8 @@ class Runner:
         self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, self.halts,
                                    on_idle=self._may_be_idle)
         self.held_claims = HeldClaims()
+        # What this node began and recorded lately, re-applied if the database loses it (failover).
+        self.journal = Journal(config.recovery.failover_window)
         self.slots = Slots(self.concurrency)  # both sized when the pipeline starts
         self.deck = Deck(0, self.slots)
         self.claimer: Claimer | None = None
@@ -115,15 +120,20 @@ class Runner:
         return self.held_claims.tokens()
 
     def queue(self, conn: psycopg.Connection) -> Queue:
-        return Queue(conn, self.node, result_commit=self.config.database.result_commit, webhooks=self.webhooks)
+        return Queue(conn, self.node, result_commit=self.config.database.result_commit, webhooks=self.webhooks,
+                     lease=self.config.recovery.lease)
 
     # -- shared by the parts of the node -------------------------------------------------------
 
     def wake_workers(self) -> None:
+        """Work may be due, or the lifeline is back: the claimer looks now, and a completer waiting
+        to reconnect tries now."""
         with self._wake:
             self._wake.notify_all()
         if self.claimer is not None:
             self.claimer.wake()
+        if self.completer is not None:
+            self.completer.database_back()
 
     def wait_for_work(self, timeout: float | None = None) -> None:
         with self._wake:
@@ -219,6 +229,9 @@ class Runner:
                 if recovered or started:
                     self.wake_workers()
                 queue.cancel_leftovers()
+                self._report_unsettled(queue)
+                lag = queue.replication_lag()
+                self.metrics.replication_lag.set(float("nan") if lag is None else lag)
                 for row in queue.pending_bounces(recovery.lease):
                     self.aftercare.run_bounce_hooks(Bounce(
                         email=row["email"], kind=BounceKind.BOUNCE, source=BounceSource.TRANSPORT, code=row["code"],
@@ -231,6 +244,18 @@ class Runner:
                     self._tallies_folded_at = time.monotonic()
         except psycopg.OperationalError as exc:
             log.warning("chores_db_lost", error=error_line(exc))
+
+    def _report_unsettled(self, queue: Queue) -> None:
+        """Claims wait while a live node has not settled in the server's current epoch (after a
+        failover or a crash that lost WAL): said once a lease, naming them, if it lasts."""
+        waiting = queue.unsettled_nodes()
+        if waiting and waiting[0][3] is not None and waiting[0][3] > self.config.poll_interval * 3 \
+                and time.monotonic() - self._unsettled_said_at >= self.config.recovery.lease:
+            self._unsettled_said_at = time.monotonic()
+            log.warning("claims_wait_for_nodes", nodes=[f"{name} ({host}, pid {pid})" for name, host, pid, _ in waiting],
+                        epoch_age_s=round(waiting[0][3], 1),
+                        meaning="the database lost WAL (a failover, a crash): no node claims until these have "
+                                "re-applied what they remember, or their lease has passed")
 
     def _serve_health(self) -> None:
         """/metrics, /healthz and /readyz on metrics.listen, when it is set."""
@@ -272,7 +297,7 @@ class Runner:
                          self.slots)
         self.completer = Completer(
             self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims, aftercare=self.aftercare,
-            lifeline=self.lifeline, async_results=self.config.database.result_commit == "async",
+            lifeline=self.lifeline, journal=self.journal, async_results=self.config.database.result_commit == "async",
             finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
             throttled=gate.throttled, dispatch=lambda jobs: self.senders.submit_claimed(jobs),
             may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
@@ -284,7 +309,7 @@ class Runner:
             self.config, self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims,
             contents=contents, gate=gate, senders=self.senders,
             completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
-            wait_for_work=self.wait_for_work, metrics=self.metrics,
+            wait_for_work=self.wait_for_work, journal=self.journal, metrics=self.metrics,
         )
         try:
             self.composer.warm_up()

@@ -38,6 +38,15 @@ class NodeMetrics:
         self.webhook_events = Counter("senddock_webhook_events", "Webhook events this node POSTed, by endpoint id "
                                       "and outcome (delivered, failed: to be retried, dead).", ["endpoint", "outcome"],
                                       registry=self.registry)
+        self.failover_window = Gauge("senddock_failover_window_seconds", "recovery.failover_window: how long this "
+                                     "node remembers the results it committed, to commit them again if a failover "
+                                     "loses them.", registry=self.registry)
+        self.replication_lag = Gauge("senddock_replication_lag_seconds", "The longest flush lag of the standbys "
+                                     "streaming from the database this node uses (pg_stat_replication; NaN when it "
+                                     "has none, or the role may not read it: grant pg_monitor). Above "
+                                     "senddock_failover_window_seconds, a failover can lose what no node remembers.",
+                                     registry=self.registry)
+        self.replication_lag.set(float("nan"))
         self.info = Gauge("senddock_node_info", "This node: its name and senddock's version (always 1).",
                           ["node", "version"], registry=self.registry)
 

@@ -49,7 +49,7 @@ def enqueue_bulk(app: Senddock, conn: psycopg.Connection, list_name: str, size: 
 def plan_of(conn: psycopg.Connection, node_id: uuid.UUID, statement: str = "jobs_claim") -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of one claim (or probe), rolled back."""
     params = {"limit": 5, "node_id": node_id, "claim_token": uuid.uuid4(), "broadcast_id": None,
-              "async_results": True, "begun": True}
+              "async_results": True, "begun": True, "lease": 30.0}
     with conn.transaction(force_rollback=True):  # ANALYZE really claims: undo it
         return "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query(statement), params))
 

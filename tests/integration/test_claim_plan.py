@@ -22,7 +22,8 @@ def explain_a_claim_of_five(database_dsn: str) -> str:
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         node = uuid.uuid4()
         conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
-        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True}
+        params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True,
+                  "lease": 30.0}
         with conn.transaction():
             plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params))
             raise psycopg.Rollback

@@ -352,8 +352,39 @@ UNION ALL
 SELECT id, started_at, false, false FROM server_epoch WHERE NOT EXISTS (SELECT FROM made);
 
 -- name: node_register
-INSERT INTO nodes (id, name, host, pid) VALUES (%(node_id)s, %(name)s, %(host)s, %(pid)s)
+-- Also on every reconnect of the lifeline: a promoted standby may have lost the node's row (it was
+-- registered in the primary's last moments). Then it is made again, with a new lock id, and
+-- settled_epoch as given: the epoch it settled in before (it must settle in this one), or, first
+-- time, the current one (a new node has nothing to settle).
+INSERT INTO nodes (id, name, host, pid, settled_epoch)
+VALUES (%(node_id)s, %(name)s, %(host)s, %(pid)s, %(settled_epoch)s)
+ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name
 RETURNING lock_id;
+
+-- name: node_settled
+-- This node has re-applied what it remembers (senddock.core.journal) in the current epoch; a claim
+-- no longer waits for it. Only if the epoch is still current: another loss of WAL since means
+-- settling again.
+UPDATE nodes SET settled_epoch = %(epoch)s
+ WHERE id = %(node_id)s AND %(epoch)s::uuid = (SELECT id FROM server_epoch)
+RETURNING true;
+
+-- name: replication_lag
+-- The longest flush lag of the standbys streaming from this server: what an asynchronous standby
+-- would not have after a failover now. NULL: no standby, or a role that may not read the lags (its
+-- rows show no state then).
+SELECT max(extract(epoch FROM coalesce(flush_lag, interval '0')))::float8
+  FROM pg_stat_replication WHERE state = 'streaming';
+
+-- name: nodes_unsettled
+-- Live nodes (a heartbeat within the lease) that have not settled in the current epoch: every
+-- claim waits for them.
+SELECT n.name, n.host, n.pid, extract(epoch FROM now() - (SELECT started_at FROM server_epoch))::float8 AS epoch_age
+  FROM nodes n
+ WHERE n.stopped_at IS NULL AND n.settled_epoch IS NOT NULL
+   AND n.heartbeat_at > now() - make_interval(secs => %(lease)s::float8)
+   AND n.settled_epoch IS DISTINCT FROM (SELECT id FROM server_epoch)
+ ORDER BY n.name;
 
 -- name: node_lock
 SELECT pg_try_advisory_lock(%(lock_class)s, %(lock_id)s);
@@ -425,6 +456,13 @@ WITH running AS MATERIALIZED (
     FROM campaigns c
     JOIN broadcast_claim_starts s ON s.broadcast_id = c.broadcast_id
     WHERE c.status = 'sending' AND c.broadcast_id IS NOT NULL
+      -- Nothing while a live node has not settled in the server's current epoch (migration 14):
+      -- after a loss of WAL it may be the only one to know a job was sent (senddock.core.journal).
+      -- A node that died with the old server is waited for until its lease has passed.
+      AND NOT EXISTS (SELECT 1 FROM nodes n
+                       WHERE n.stopped_at IS NULL AND n.settled_epoch IS NOT NULL
+                         AND n.heartbeat_at > now() - make_interval(secs => %(lease)s::float8)
+                         AND n.settled_epoch IS DISTINCT FROM (SELECT id FROM server_epoch))
     ORDER BY c.broadcast_id
 ), retries AS MATERIALIZED (
     SELECT j.id, r.campaign_id, r.send_rate, j.email
@@ -526,15 +564,18 @@ WITH r AS (
      WHERE j.id = r.job_id AND j.claim_token = r.claim_token AND j.status = 'sending'
     RETURNING j.id, j.broadcast_id, j.next_attempt_at, j.status
 ), late AS (
-    -- Rows disjoint from result's: one statement must not update a row twice.
+    -- Rows disjoint from result's: one statement must not update a row twice. `prior` is the job
+    -- as it was (this statement's snapshot): a delivery that finds it held by nobody (pending,
+    -- retry: its claim was lost with a failover's WAL, or recovered as in doubt elsewhere) sent it
+    -- once; one that finds it 'sending' under another claim may have been sent twice.
     UPDATE broadcast_jobs j
        SET status = 'sent', sent_at = now(), attempts = j.attempts + 1, failure_reason = NULL,
            last_result = r.last_result,
            provider_message_id = coalesce(r.provider_message_id, j.provider_message_id)
-      FROM r
+      FROM r JOIN broadcast_jobs prior ON prior.id = r.job_id
      WHERE j.id = r.job_id AND r.ok AND j.status <> 'sent'
        AND NOT EXISTS (SELECT FROM result x WHERE x.id = r.job_id)
-    RETURNING j.id
+    RETURNING j.id, prior.status AS was
 ), put_back AS (
     INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
     SELECT DISTINCT ON (broadcast_id) broadcast_id, next_attempt_at, id
@@ -545,10 +586,11 @@ WITH r AS (
                                    in_doubt, phase, smtp_code, enhanced_code, message,
                                    provider_message_id, claim_lost)
     SELECT r.job_id, r.broadcast_id, r.attempt, %(node)s, %(node_id)s, r.started_at, r.outcome,
-           -- A message delivered under a lost claim may have gone out twice: in doubt.
-           r.in_doubt OR (r.ok AND x.id IS NULL), r.phase, r.code, r.enhanced_code, r.last_result,
-           r.provider_message_id, x.id IS NULL
-      FROM r LEFT JOIN result x ON x.id = r.job_id
+           -- A message delivered under a lost claim may have gone out twice (in doubt): when the
+           -- job was sent already, or is being sent under another claim.
+           r.in_doubt OR (r.ok AND x.id IS NULL AND (l.id IS NULL OR l.was = 'sending')), r.phase, r.code,
+           r.enhanced_code, r.last_result, r.provider_message_id, x.id IS NULL
+      FROM r LEFT JOIN result x ON x.id = r.job_id LEFT JOIN late l ON l.id = r.job_id
 ), bounce AS (
     INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code, enhanced_code, diagnostic, node_id)
     SELECT r.job_id, r.broadcast_id, r.campaign_id, r.email, r.code, r.enhanced_code, r.last_result, %(node_id)s
@@ -639,6 +681,28 @@ WITH begun AS (
 )
 SELECT (SELECT array_agg(id) FROM begun), (SELECT count(*) FROM held), (SELECT 1 FROM durable);
 
+-- name: jobs_reclaim
+-- After a loss of WAL (a failover to an asynchronous standby, a crash): this live node's jobs
+-- begun and not recorded yet are taken back under their own claims and marked begun, where the
+-- server lost the claim (the job is pending or retry again) or its begin mark. Their results are
+-- then recorded as usual, and a death of this node leaves them in doubt, never silently pending.
+-- A job that someone else has claimed since, or that has a result, is left alone. Synchronous,
+-- like a claim.
+WITH taken AS (
+    UPDATE broadcast_jobs j
+       SET status = 'sending', claimed_by = %(node_id)s, claim_token = r.token,
+           claimed_at = coalesce(j.claimed_at, now()), send_begun = true,
+           claim_epoch = CASE WHEN %(async_results)s THEN (SELECT id FROM server_epoch) END
+      FROM unnest(%(job_ids)s::bigint[], %(tokens)s::uuid[]) AS r (id, token)
+     WHERE j.id = r.id
+       AND (j.status IN ('pending', 'retry')
+            OR (j.status = 'sending' AND j.claim_token = r.token AND j.send_begun IS NOT TRUE))
+    RETURNING j.id
+), durable AS (
+    SELECT set_config('synchronous_commit', 'on', true)
+)
+SELECT (SELECT array_agg(id) FROM taken), (SELECT 1 FROM durable);
+
 -- name: jobs_in_flight_by_domain
 -- Sends in flight in the whole cluster (marked begun, not recorded), by recipient domain: what
 -- a domain group's `concurrency` counts. Walks the small 'sending' index only.
@@ -715,12 +779,18 @@ WITH epoch AS MATERIALIZED (
       AND (j.claimed_by IN (SELECT id FROM dead)
            OR (%(orphans)s AND j.claimed_by = %(node_id)s
                AND j.claim_token <> ALL (%(held_tokens)s::uuid[])
-               AND j.claimed_at < now() - interval '1 second'))
+               AND j.claimed_at < now() - interval '1 second'
+               -- Not before this node has settled in this epoch: a result it is about to commit
+               -- again would find its job recovered (and sent again) first.
+               AND NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = %(node_id)s
+                                AND n.settled_epoch IS DISTINCT FROM (SELECT id FROM epoch))))
     FOR UPDATE OF j SKIP LOCKED
 ), victims AS (
-    -- send_begun was committed synchronously before the send began, so it is exact even after a
-    -- loss of WAL (a lost result brings its job back 'sending' and begun: in doubt). NULL: a
-    -- batch sent in id order by an earlier version (see the header).
+    -- send_begun was committed synchronously before the send began, so a crash-restart keeps it
+    -- (a lost result brings its job back 'sending' and begun: in doubt). A promoted asynchronous
+    -- standby may not have it (nor the claim): a live node marks its jobs again before anyone
+    -- claims (jobs_reclaim); a node that died with the old primary leaves them looking unstarted.
+    -- NULL: a batch sent in id order by an earlier version (see the header).
     SELECT l.*, coalesce(l.send_begun,
                          l.id = min(l.id) OVER (PARTITION BY l.claim_token) OR l.wal_lost) AS started
     FROM locked l
