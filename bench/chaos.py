@@ -17,9 +17,15 @@ per message, and injects its fault mid-broadcast:
                  taken: mailbox unavailable" (no enhanced code); once the campaign pauses, the
                  harness plays the operator: fixes the relay, `campaign requeue ID --reason R` for
                  each failure reason, `campaign resume ID`
+  failover       on a primary and an asynchronous streaming standby of its own (pg_basebackup -R;
+                 nodes on a multi-host DSN, target_session_attrs=read-write, lease 15s): at 50%
+                 sent the primary's walsenders are stopped for --lag seconds, then every process
+                 of the primary is killed, and the standby is promoted --promote-after seconds
+                 later; both nodes live on
 
 Always on a throw-away embedded Postgres that the script starts and stops (a crash or restart of
-Postgres is part of the suite), never on a configured server: there is no --dsn.
+Postgres is part of the suite; failover makes its own pair), never on a configured server: there
+is no --dsn.
 
 One table: delivered (distinct recipients the relay received), dropped (recipients it never
 received once the campaign finished, or gave up: no progress for --resume-timeout seconds),
@@ -72,11 +78,16 @@ def main() -> int:
                         help="the relay's latency per message")
     parser.add_argument("--resume-timeout", type=float, default=defaults.resume_timeout, metavar="SECONDS",
                         help="give a scenario up after this long without progress (a paused campaign included)")
+    parser.add_argument("--lag", type=float, default=defaults.lag, metavar="SECONDS",
+                        help="failover: how long the primary's walsenders are stopped before it dies")
+    parser.add_argument("--promote-after", type=float, default=defaults.promote_after, metavar="SECONDS",
+                        help="failover: from the primary's death to the standby's promotion")
     parser.add_argument("--logs", type=Path, metavar="DIR", help="keep each scenario's node logs and config here")
     parser.add_argument("--json", action="store_true", help="exactly one JSON object on stdout")
     args = parser.parse_args()
     options = Options(recipients=args.recipients, kills=args.kills, workers=args.workers, outage=args.outage,
-                      delay=args.delay, resume_timeout=args.resume_timeout)
+                      delay=args.delay, resume_timeout=args.resume_timeout, lag=args.lag,
+                      promote_after=args.promote_after)
     # senddock's own log lines in this process (migrations) go to stderr, never among the results.
     configure_logging("warning", "json")
     # SIGTERM unwinds like Ctrl-C: the nodes, the relay and the throw-away Postgres are stopped.
@@ -92,7 +103,8 @@ def main() -> int:
     if args.json:
         print(json.dumps({"benchmark": "chaos", "passed": passed,
                           "options": {k: getattr(options, k) for k in ("recipients", "kills", "workers", "outage",
-                                                                       "delay", "resume_timeout", "breaker")},
+                                                                       "delay", "resume_timeout", "breaker", "lag",
+                                                                       "promote_after")},
                           "scenarios": [r.as_dict() for r in rows]}))
     else:
         print()

@@ -5,8 +5,10 @@ silently dropped).
 Scenarios (``SCENARIOS``): ``kills`` (two nodes, ``kill -9`` in turn, each restarted),
 ``pg-crash`` (SIGKILL of one Postgres backend: a crash-restart), ``pg-restart`` (fast shutdown and
 start), ``smtp-outage`` (the relay gone for a while, back on the same port), ``relay-refusal``
-(every recipient refused with a generic 550). Everything runs on a throw-away embedded Postgres
-that :func:`run_chaos` starts and always stops, never on a configured server.
+(every recipient refused with a generic 550), ``failover`` (an asynchronous standby promoted after
+the primary's last second of WAL was lost, both nodes living on). Everything runs on a throw-away
+embedded Postgres that :func:`run_chaos` starts and always stops (failover: a primary and standby
+of its own, :mod:`senddock.chaos.replica`), never on a configured server.
 
 ``bench/chaos.py`` is the command line; ``tests/integration/test_chaos.py`` runs each scenario
 shortened.
@@ -16,22 +18,33 @@ from __future__ import annotations
 
 import tempfile
 import time
+from contextlib import nullcontext
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from senddock.chaos.lab import throwaway_postgres
-from senddock.chaos.scenarios import SCENARIOS
+from senddock.chaos.replica import ReplicatedPair
+from senddock.chaos.scenarios import SCENARIO_SETTINGS, SCENARIOS
 from senddock.chaos.stage import Options, Row, Stage
+
+# Scenarios that run on a server pair of their own (see chaos.replica), not the suite's shared one.
+OWN_SERVERS = {"failover"}
 
 __all__ = ["SCENARIOS", "Options", "Row", "format_table", "run_chaos", "run_scenario"]
 
 
 def run_scenario(server, name: str, options: Options, folder: Path, say: Callable[[str], None] = lambda _: None) -> Row:
-    """Run one scenario on ``server`` (a throw-away embedded Postgres) in its own database."""
+    """Run one scenario on ``server`` (a throw-away embedded Postgres) in its own database; the
+    failover scenario makes a primary and standby of its own instead (it breaks them for good)."""
+    with (ReplicatedPair() if name in OWN_SERVERS else nullcontext(server)) as server:
+        return _run_scenario(server, name, options, folder, say)
+
+
+def _run_scenario(server, name: str, options: Options, folder: Path, say: Callable[[str], None]) -> Row:
     inject = SCENARIOS[name]
     row = Row(scenario=name, recipients=options.recipients)
     started = time.monotonic()
-    stage = Stage(server, name, options, folder / name)
+    stage = Stage(server, name, options, folder / name, SCENARIO_SETTINGS.get(name))
     try:
         for node in stage.nodes:
             node.start()

@@ -159,10 +159,46 @@ def relay_refusal(stage: Stage, row: Row, options: Options, server: Any, say: Sa
     _resume_after(stage, row, fault_end, "the operator's resume")
 
 
+def failover(stage: Stage, row: Row, options: Options, server: Any, say: Say) -> None:
+    """An asynchronous standby promoted mid-broadcast, both nodes living on: at half the broadcast
+    the primary's walsenders stop for ``options.lag`` seconds (what it commits meanwhile, claims
+    and results, never reaches the standby), then the primary dies (every process killed), and
+    ``options.promote_after`` seconds later the standby is promoted. The nodes find it by their
+    multi-host DSN; nobody may be sent twice without being listed in doubt."""
+    if not _mid_broadcast(stage, row, 0.5):
+        return
+    at = stage.sent()
+    server.hold_replication()
+    time.sleep(options.lag)
+    lost_from = stage.sent()
+    server.crash_primary()
+    time.sleep(options.promote_after)
+    server.promote()
+    fault_end = time.monotonic()
+    row.faults = 1
+    # A send in flight at the failover may be recorded in doubt and sent again: at most its slots
+    # per node (see inflight.RUNWAY). Every duplicate must be listed.
+    row.allowed_duplicates = len(stage.nodes) * RUNWAY * options.workers
+    say(f"  replication held at {at} sent, primary killed {options.lag:g}s later at {lost_from} sent; "
+        f"standby promoted after {options.promote_after:g}s")
+    row.details["sent_when_held"], row.details["sent_when_primary_died"] = at, lost_from
+    row.details["end"] = stage.await_end()
+    row.details["sent_after_promotion_counted"] = stage.sent()
+    _resume_after(stage, row, fault_end, "the standby's promotion")
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     "kills": kills,
     "pg-crash": pg_crash,
     "pg-restart": pg_restart,
     "smtp-outage": smtp_outage,
     "relay-refusal": relay_refusal,
+    "failover": failover,
+}
+
+# Settings a scenario's nodes need beyond the suite's (node_settings). Failover: nodes that live
+# through it must not take each other for dead meanwhile (the primary's last second is lost and the
+# promotion takes two more), so a lease longer than the outage.
+SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {
+    "failover": {"recovery": {"heartbeat": "500ms", "lease": "15s", "max_rescues": 3}},
 }

@@ -28,6 +28,8 @@ class Options:
     resume_timeout: float = 120.0  # how long a campaign may make no progress before the scenario gives up
     breaker: int = 20  # transport.max_consecutive_failures
     seed: int = 20261203
+    lag: float = 1.0  # failover: seconds the primary's walsenders are stopped before it dies
+    promote_after: float = 2.0  # failover: seconds from the primary's death to the standby's promotion
 
     @property
     def breaker_window(self) -> int:
@@ -73,7 +75,8 @@ class Row:
 class Stage:
     """A fresh database named after the scenario, filled and enqueued; the relay and both nodes."""
 
-    def __init__(self, server: Any, scenario: str, options: Options, folder: Path) -> None:
+    def __init__(self, server: Any, scenario: str, options: Options, folder: Path,
+                 settings: dict[str, Any] | None = None) -> None:
         self.options = options
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
@@ -84,8 +87,8 @@ class Stage:
         self.nodes: list[Node] = []
         self.relay.start()
         try:
-            self.config_path = write_config(folder, node_settings(self.relay.port, workers=options.workers,
-                                                                  breaker=options.breaker, kills=options.kills))
+            base = node_settings(self.relay.port, workers=options.workers, breaker=options.breaker, kills=options.kills)
+            self.config_path = write_config(folder, {**base, **(settings or {})})
             self.emails = self._enqueue(options.recipients)
         except BaseException:
             self.close()

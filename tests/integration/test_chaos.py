@@ -17,8 +17,10 @@ from senddock.chaos.lab import throwaway_postgres
 pytestmark = pytest.mark.slow
 
 # 500 readers through 2 nodes x 2 sends in flight, a relay with 5 ms of latency: a few seconds a
-# scenario; 4 kills, a 3 s outage. A paused campaign gets 30 s to resume by itself.
-SHORT = Options(recipients=500, kills=4, outage=3.0, resume_timeout=30.0)
+# scenario; 4 kills, a 3 s outage; a failover whose primary lost its last 0.3 s (the broadcast
+# still has readers left when the standby is promoted, 1 s later). A paused campaign gets 30 s to
+# resume by itself.
+SHORT = Options(recipients=500, kills=4, outage=3.0, resume_timeout=30.0, lag=0.3, promote_after=1.0)
 
 
 @pytest.fixture(scope="module")
