@@ -97,6 +97,7 @@ class DatabaseSettings:
     auto_migrate: bool
     result_commit: str = "async"
     pool_mode: str = "auto"  # what dsn reaches: auto, transaction (a pooler in transaction mode) or session
+    stuck_after: float = 10.0  # a node's statement waiting longer is reported (senddock.core.waits)
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,7 @@ class Config:
             auto_migrate=db["auto_migrate"],
             result_commit=db["result_commit"],
             pool_mode=db["pool_mode"],
+            stuck_after=parse_duration(db["stuck_after"]),
         )
 
     @property
@@ -546,6 +548,8 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
                                              "a delivery status notification alone is larger")
     if parse_size(serve["max_body"]) < 1024:
         yield "$.serve.max_body", f"must be at least 1KiB ({serve['max_body']!r}): an SNS notification alone is larger"
+    if parse_duration(data["database"]["stuck_after"]) <= 0:
+        yield "$.database.stuck_after", "must be longer than 0s"
     for key in ("body_timeout", "header_timeout", "keep_alive_timeout", "sns_certificate_timeout"):
         if parse_duration(serve[key]) <= 0:
             yield f"$.serve.{key}", "must be longer than 0s"

@@ -33,6 +33,7 @@ from senddock.core.journal import Journal
 from senddock.core.nodes import Lifeline
 from senddock.core.pacing_gate import PacingGate
 from senddock.core.queue import ClaimedJob, Queue
+from senddock.core.waits import Waits
 from senddock.core.senders import Dispatch, Senders
 from senddock.errors import error_line
 from senddock.observe.node_metrics import NodeMetrics
@@ -66,6 +67,7 @@ class Claimer(threading.Thread):
         stopping: threading.Event,
         wait_for_work: Callable[[float], None],
         journal: Journal,
+        waits: Waits,
         metrics: NodeMetrics | None = None,
     ) -> None:
         super().__init__(name="senddock-claimer", daemon=True)
@@ -81,6 +83,7 @@ class Claimer(threading.Thread):
         self._completer = completer
         self._lifeline = lifeline
         self._journal = journal
+        self._waits = waits  # claims in progress, for the watchdog
         self._stopping = stopping
         self._wait_for_work = wait_for_work
         self._claim_duration = (metrics or NodeMetrics()).claim_duration
@@ -210,7 +213,7 @@ class Claimer(threading.Thread):
                   flushes: int) -> tuple[list[ClaimedJob], list[ClaimedJob], list[ClaimedJob]]:
         """The claim statement and what becomes of its jobs: (claimed, claimed unmarked, begun)."""
         for_deck = marks_begun is None
-        with self._claim_duration.time():
+        with self._claim_duration.time(), self._waits.watch("claim", queue.conn):
             jobs = queue.claim(wanted, token, begun=False if for_deck else marks_begun)
         claimed_at = time.monotonic()
         if jobs:
@@ -231,7 +234,8 @@ class Claimer(threading.Thread):
             begun = [j for j in live if j.send_begun]
             unmarked = [j for j in live if not j.send_begun]
             if unmarked:
-                begun += self._gate.admit(queue, token, unmarked)
+                with self._waits.watch("claim", queue.conn):
+                    begun += self._gate.admit(queue, token, unmarked)
             self._unanswered = None
             self._claims.expect(token, len(begun))
             self._start(begun, claimed_at)
@@ -252,7 +256,8 @@ class Claimer(threading.Thread):
             while by_token:
                 token, entries = next(iter(by_token.items()))
                 jobs = [job for job, _ in entries]
-                begun = {j.id for j in self._gate.admit(queue, token, jobs)}
+                with self._waits.watch("claim", queue.conn):
+                    begun = {j.id for j in self._gate.admit(queue, token, jobs)}
                 # Neither begun nor held back by a limit: its campaign stopped sending since the
                 # claim. Back as it was (a no-op for those held back: jobs_begin put them back).
                 rest = [j for j in jobs if j.id not in begun]

@@ -36,6 +36,7 @@ from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.journal import Journal
 from senddock.core.nodes import Lifeline
 from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
+from senddock.core.waits import Waits
 from senddock.errors import error_line
 from senddock.outcome import Classification
 from senddock.pacing.adaptive import slows_pacing
@@ -97,6 +98,7 @@ class Completer(threading.Thread):
         aftercare: Aftercare,
         lifeline: Lifeline,
         journal: Journal,
+        waits: Waits,
         async_results: bool,
         finish_campaigns: Callable[[Queue, set[int]], None],
         queue_dry: Callable[[], bool],
@@ -120,6 +122,7 @@ class Completer(threading.Thread):
         self._aftercare = aftercare
         self._lifeline = lifeline
         self._journal = journal  # what this node began and recorded lately (see _server_lost_wal)
+        self._waits = waits  # commits in progress, for the watchdog
         self._async = async_results
         self._finish_campaigns = finish_campaigns
         self._queue_dry = queue_dry
@@ -314,7 +317,8 @@ class Completer(threading.Thread):
             released = queue.release(back)
             self._journal.ended(back)
             log.info("jobs_put_back", jobs=released)
-        commit = queue.commit_group([d.row for d in results], begin=self._failed_refill)
+        with self._waits.watch("results", queue.conn):
+            commit = queue.commit_group([d.row for d in results], begin=self._failed_refill)
         self._journal.recorded([d.row for d in results])
         self._failed, self._failed_refill = [], []
         for campaign_id in commit.stopped:
@@ -491,7 +495,8 @@ class Completer(threading.Thread):
             missing = [r for r in chunk if r.job.id not in found]
             there.update(found)
             if missing:
-                again.update(queue.record_results(missing, synchronous=True))
+                with self._waits.watch("results", queue.conn):
+                    again.update(queue.record_results(missing, synchronous=True))
         missing = [r for r in rows if r.job.id in again]
         for row in missing:
             log.warning("result_committed_again", job_id=row.job.id, outcome=row.result.outcome,

@@ -25,6 +25,7 @@ from senddock.core.epoch import ensure_epoch
 from senddock.core.node_names import NOT_A_SESSION, NodeNameTaken, NotASession, check_lock_is_ours, claim_name
 from senddock.core.pooler import shares_sessions
 from senddock.core.queries import query
+from senddock.core.waits import Waits
 from senddock.errors import SenddockError, error_line
 
 log = structlog.get_logger(__name__)
@@ -53,12 +54,14 @@ class NodeIdentity:
 class Lifeline(threading.Thread):
     """Keeps the node's lock, heartbeat and LISTEN alive; reconnects with backoff when Postgres goes away."""
 
-    def __init__(self, config: Config, db: Database, node: NodeIdentity, wake: Callable[[], None]) -> None:
+    def __init__(self, config: Config, db: Database, node: NodeIdentity, wake: Callable[[], None],
+                 waits: Waits | None = None) -> None:
         super().__init__(name="senddock-lifeline", daemon=True)
         self._config = config
         self._db = db
         self.node = node  # its name is chosen (or checked) when the lifeline first connects
         self._wake = wake
+        self._waits = waits or Waits()  # heartbeats in progress, for the node's watchdog
         self._heartbeat = config.recovery.heartbeat
         self._lease = config.recovery.lease
         self._stop_event = threading.Event()
@@ -181,8 +184,9 @@ class Lifeline(threading.Thread):
     def _beat(self, conn: psycopg.Connection) -> None:
         # The time before the statement: heartbeat_at is the statement's start on the database.
         sent = time.monotonic()
-        row = conn.execute(query("node_heartbeat"),
-                           {"node_id": self.node.id, "lock_class": LOCK_CLASS, "lock_id": self.lock_id}).fetchone()
+        with self._waits.watch("heartbeat", conn):
+            row = conn.execute(query("node_heartbeat"),
+                               {"node_id": self.node.id, "lock_class": LOCK_CLASS, "lock_id": self.lock_id}).fetchone()
         if row is None:
             # Not the session that holds our lock: a pooler moved us (a lock that is gone comes
             # with a broken connection, which raises).

@@ -37,6 +37,7 @@ from senddock.core.nodes import Lifeline, NodeIdentity
 from senddock.core.pacing_gate import PacingGate
 from senddock.core.queue import Queue
 from senddock.core.senders import Senders
+from senddock.core.waits import Waits, Watchdog
 from senddock.errors import ConfigError, DatabaseError, SenddockError, error_line
 from senddock.mail.compose import Composer
 from senddock.observe.health_server import HealthServer
@@ -100,7 +101,11 @@ class Runner:
         # Before the first claim: a DKIM key that cannot be read stops the node at start-up.
         self.composer = Composer(config)
         self._wake = threading.Condition()
-        self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers)
+        # Claims, group commits and heartbeats in progress: a watchdog reports those that hang.
+        self.waits = Waits()
+        self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers, self.waits)
+        self.watchdog = Watchdog(self.waits, stuck_after=config.database.stuck_after, connect=self._watchdog_connection,
+                                 gauge=self.metrics.database_wait)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
         self.halts = Halts()  # campaigns stopped since their next jobs were marked (see inflight.RUNWAY)
         self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, self.halts,
@@ -176,6 +181,7 @@ class Runner:
         log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
                  concurrency=self.concurrency, transport=self.config.transport)
         self.metrics.name_node(self.node.name)
+        self.watchdog.start()
         self._serve_health()
         self._chores()  # recover earlier incarnations of this node at once, before any claim
         self._start_pipeline()
@@ -257,6 +263,11 @@ class Runner:
                         meaning="the database lost WAL (a failover, a crash): no node claims until these have "
                                 "re-applied what they remember, or their lease has passed")
 
+    def _watchdog_connection(self) -> psycopg.Connection:
+        """Outside the pool, which stuck statements may hold; never waits long itself."""
+        return psycopg.connect(self.db.dsn, **{**self.db.connect_kwargs(), "connect_timeout": 2,
+                                               "application_name": f"senddock-watchdog {self.node.name}"[:63]})
+
     def _serve_health(self) -> None:
         """/metrics, /healthz and /readyz on metrics.listen, when it is set."""
         listen = (self.config.section("metrics") or {}).get("listen")
@@ -272,7 +283,7 @@ class Runner:
 
     def _not_ready(self) -> list[str]:
         """Why this node should get no traffic now: what /readyz answers 503 with."""
-        problems = []
+        problems = self.watchdog.reasons()
         if self.lifeline.error is not None or not self.lifeline.may_send():
             problems.append("lifeline not held: the node is fenced until its heartbeat is back")
         try:
@@ -297,7 +308,7 @@ class Runner:
                          self.slots)
         self.completer = Completer(
             self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims, aftercare=self.aftercare,
-            lifeline=self.lifeline, journal=self.journal, async_results=self.config.database.result_commit == "async",
+            lifeline=self.lifeline, journal=self.journal, waits=self.waits, async_results=self.config.database.result_commit == "async",
             finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
             throttled=gate.throttled, dispatch=lambda jobs: self.senders.submit_claimed(jobs),
             may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
@@ -309,7 +320,7 @@ class Runner:
             self.config, self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims,
             contents=contents, gate=gate, senders=self.senders,
             completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
-            wait_for_work=self.wait_for_work, journal=self.journal, metrics=self.metrics,
+            wait_for_work=self.wait_for_work, journal=self.journal, waits=self.waits, metrics=self.metrics,
         )
         try:
             self.composer.warm_up()
@@ -370,6 +381,7 @@ class Runner:
         self.deliverers.join()
         self.lifeline.stop()
         self.lifeline.join(5)
+        self.watchdog.stop()  # last: a stop that waits on a stuck commit is reported too
         if self._health is not None:
             self._health.stop()
         self.db.close()

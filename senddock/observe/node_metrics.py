@@ -47,6 +47,10 @@ class NodeMetrics:
                                      "senddock_failover_window_seconds, a failover can lose what no node remembers.",
                                      registry=self.registry)
         self.replication_lag.set(float("nan"))
+        self.database_wait = Gauge("senddock_database_wait_seconds", "How long this node's oldest claim, group "
+                                   "commit (results) or heartbeat in progress has waited (0: none in progress). "
+                                   "Normally milliseconds; see database.stuck_after.", ["statement"],
+                                   registry=self.registry)
         self.info = Gauge("senddock_node_info", "This node: its name and senddock's version (always 1).",
                           ["node", "version"], registry=self.registry)
 

@@ -376,6 +376,13 @@ RETURNING true;
 SELECT max(extract(epoch FROM coalesce(flush_lag, interval '0')))::float8
   FROM pg_stat_replication WHERE state = 'streaming';
 
+-- name: backend_wait_events
+-- What the backends of a node's stuck statements wait for (a commit waiting for a synchronous
+-- standby shows IPC/SyncRep): read on a connection of the watchdog's own.
+SELECT pid, wait_event_type, wait_event
+  FROM pg_stat_activity
+ WHERE pid = ANY (%(pids)s::int[]) AND wait_event IS NOT NULL;
+
 -- name: nodes_unsettled
 -- Live nodes (a heartbeat within the lease) that have not settled in the current epoch: every
 -- claim waits for them.
