@@ -433,3 +433,19 @@ def _user_exists(pwd, name: str) -> bool:
         return True
     except KeyError:
         return False
+
+
+@contextmanager
+def database_away(database_dsn: str):
+    """The test's database refuses every connection and its sessions end, as a failover or a
+    restart ends them, for the ``with`` block; it takes connections again afterwards."""
+    from psycopg import conninfo
+
+    database = conninfo.conninfo_to_dict(database_dsn)["dbname"]
+    with psycopg.connect(conninfo.make_conninfo(database_dsn, dbname="postgres"), autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
+        try:
+            yield
+        finally:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')

@@ -69,6 +69,7 @@ def fetch(args: argparse.Namespace, out: Output) -> int:
     from senddock.bounces.mailbox import mailbox_errors, mailbox_settings, open_mailbox
     from senddock.bounces.parsing import max_message_size
     from senddock.cli.engine import stop_on_signals
+    from senddock.core.db import riding_out
 
     config = open_config(args)
     settings = mailbox_settings(config)
@@ -80,11 +81,24 @@ def fetch(args: argparse.Namespace, out: Output) -> int:
         stop_on_signals(stop.set)
     with open_senddock(args) as sd:
         sd.ensure_schema()
+
+        def apply(item) -> object:
+            origin = f"{settings.label}#{item.uid}"
+            if not args.watch:
+                return sd.apply_mail(item.raw, via="fetch", origin=origin)
+            # Watching: the database going away (a restart, a failover) is waited out, the message
+            # kept in hand (it stays in the mailbox until applied), like `senddock run` does.
+            _, applied = riding_out(lambda: sd.apply_mail(item.raw, via="fetch", origin=origin), stop=stop,
+                                    what=f"applying {origin}")
+            return applied
+
         while True:
             try:
                 with open_mailbox(settings, config.folder) as box:
                     for item in box.messages(limit):
-                        result = sd.apply_mail(item.raw, via="fetch", origin=f"{settings.label}#{item.uid}")
+                        result = apply(item)
+                        if result is None:
+                            break  # stopped while the database was away: the message stays
                         _count(totals, result)
                         if result.hooks_failed:
                             totals["problems"].append(f"{settings.label}#{item.uid}: on_bounced failed; "

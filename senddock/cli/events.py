@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from contextlib import nullcontext
+from typing import Any, TextIO
 
 from senddock.cli.commands import open_senddock
 from senddock.cli.output import Output, plural
@@ -22,46 +23,80 @@ def add_commands(group, command) -> None:
                    help="one JSON document per line, or a JSON array (default: standard input)")
 
 
-def documents(text: str, label: str) -> Iterator[tuple[str, Any]]:
-    """(where, document-or-error) for a JSON array or JSON lines; ``where`` is FILE:LINE or FILE[item]."""
-    if text.lstrip().startswith("["):
+def documents(stream: TextIO, label: str) -> Iterator[tuple[str, Any]]:
+    """(where, document-or-error) for a JSON array or JSON lines; ``where`` is FILE:LINE or FILE[item].
+
+    JSON lines are read one at a time, as they come: ``events ingest`` can sit at the end of a pipe
+    that feeds it notifications for as long as the pipe is open."""
+    lines = _lines(stream, label)
+    number = 0
+    for line in lines:
+        number += 1
+        if isinstance(line, InvalidInput) or line.strip():
+            break
+    else:
+        return
+    if isinstance(line, str) and line.lstrip().startswith("["):
+        rest = list(lines)
+        if rest and isinstance(rest[-1], InvalidInput):
+            yield f"{label}:{number + len(rest)}", rest[-1]
+            return
+        text = line + "".join(rest)
         try:
             items = json.loads(text)
         except json.JSONDecodeError as exc:
-            yield f"{label}:{exc.lineno}", InvalidInput(f"not JSON: {exc.msg}")
+            yield f"{label}:{number + exc.lineno - 1}", InvalidInput(f"not JSON: {exc.msg}")
             return
         for index, item in enumerate(items, 1):
             yield f"{label}[{index}]", item
         return
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    while True:
+        if isinstance(line, InvalidInput):
+            yield f"{label}:{number}", line
+            return
+        if line.strip():
+            try:
+                yield f"{label}:{number}", json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield f"{label}:{number}", InvalidInput(f"not JSON: {exc.msg}")
+        line = next(lines, None)
+        if line is None:
+            return
+        number += 1
+
+
+def _lines(stream: TextIO, label: str) -> Iterator[str | InvalidInput]:
+    """The stream's lines as they come; text that is not UTF-8 ends it with one error."""
+    while True:
         try:
-            yield f"{label}:{number}", json.loads(line)
-        except json.JSONDecodeError as exc:
-            yield f"{label}:{number}", InvalidInput(f"not JSON: {exc.msg}")
+            line = stream.readline()
+        except UnicodeDecodeError as exc:
+            yield InvalidInput(f"not UTF-8 text ({exc.reason} at byte {exc.start} of a line)")
+            return
+        if not line:
+            return
+        yield line
 
 
 def ingest(args: argparse.Namespace, out: Output) -> int:
-    if args.file == "-":
-        text, label = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, label = Path(args.file).read_text(encoding="utf-8"), args.file
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"{args.file}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    from senddock.core.db import riding_out
     from senddock.core.events import UnknownMessage
 
+    stream, label = _open_input(args.file)
     totals = {"documents": 0, "recorded": 0, "already_recorded": 0, "suppressed": 0, "problems": []}
-    with open_senddock(args) as sd:
-        for where, document in documents(text, label):
+    never = threading.Event()  # Ctrl-C ends a wait for the database as it ends a wait for input
+    with stream if stream is not sys.stdin else nullcontext(), open_senddock(args) as sd:
+        sd.ensure_schema()  # a database that cannot be reached at all fails the command at once
+        for where, document in documents(stream, label):
             totals["documents"] += 1
             try:
                 if isinstance(document, Exception):
                     raise document
                 if not isinstance(document, dict):
                     raise InvalidInput("not a JSON object")
-                applied = sd.ingest_event(document)
+                # The database going away later (a restart, a failover) is waited out, this
+                # document in hand: applying it again is recorded once.
+                _, applied = riding_out(lambda: sd.ingest_event(document), stop=never, what=f"applying {where}")
             except (InvalidInput, UnknownMessage) as exc:
                 totals["problems"].append(f"{where}: {exc}")
                 out.problem(f"{where}: {exc}")
@@ -76,3 +111,12 @@ def ingest(args: argparse.Namespace, out: Output) -> int:
         f"({totals['already_recorded']} already known), {plural(totals['suppressed'], 'address', 'addresses')} "
         f"suppressed, {plural(len(totals['problems']), 'problem')}"))
     return EXIT_PROBLEMS if totals["problems"] else EXIT_OK
+
+
+def _open_input(path: str) -> tuple[TextIO, str]:
+    if path == "-":
+        return sys.stdin, "<stdin>"
+    try:
+        return open(path, encoding="utf-8"), path  # noqa: SIM115 - closed by ingest's with
+    except OSError as exc:
+        raise InvalidInput(f"{path}: cannot read: {exc.strerror or exc}") from None

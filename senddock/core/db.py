@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -110,6 +111,9 @@ class Database:
             min_size=1,
             max_size=self._pool_size,
             kwargs=self.connect_kwargs(),
+            # How long a caller waits for a connection (psycopg_pool's 30 s by default): the same
+            # as for the server's answer when connecting.
+            timeout=self.settings.connect_timeout,
             # A connection broken by a Postgres restart is replaced instead of handed out.
             check=ConnectionPool.check_connection,
             open=False,
@@ -228,6 +232,33 @@ class _PromptPool(ConnectionPool):
 
     def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
         super()._add_connection(attempt or _PromptAttempt(timeout=self.reconnect_timeout), growing=growing)
+
+
+def riding_out(operation: Callable[[], T], *, stop: threading.Event, what: str) -> tuple[bool, T | None]:
+    """``operation()``, tried again while the database cannot be reached (a restart, a failover:
+    psycopg's OperationalError, the pool's timeout included), 0.1 s after the first failure and
+    doubling to 5 s, until it returns: ``(True, its result)``; ``(False, None)`` once ``stop`` is
+    set first. Said once when the database goes and once when it is back. For commands that run
+    for long (``bounces fetch --watch``, ``events ingest`` on a stream): like ``senddock run``,
+    they outlive an outage without a person restarting them. Only a database already reached once:
+    a command that cannot reach it at all still fails at once."""
+    backoff, lost_at = 0.1, None
+    while True:
+        try:
+            result = operation()
+        except psycopg.OperationalError as exc:
+            if lost_at is None:
+                lost_at = time.monotonic()
+                log.warning("database_lost", what=what, error=error_line(exc),
+                            meaning="tried again until the database answers (Ctrl-C or SIGTERM stops)")
+            if stop.wait(backoff):
+                return False, None
+            backoff = min(backoff * 2, 5.0)
+            continue
+        if lost_at is not None:
+            # At the level of database_lost: whoever saw that one sees this.
+            log.warning("database_back", what=what, after_s=round(time.monotonic() - lost_at, 1))
+        return True, result
 
 
 def _declared_pooling(settings: DatabaseSettings, dsn: str | None) -> bool | None:

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
-from tests_support import make_broadcast, running_node, wait_for
+from tests_support import database_away, make_broadcast, running_node, wait_for
 
 from senddock.api import Senddock
 from senddock.sink import FailRule, Sink, free_port
@@ -67,8 +67,6 @@ def test_counters_equal_the_database_after_a_drain_and_health_answers(make_confi
 
 
 def test_readyz_says_why_not_when_the_database_is_gone(make_config, database_dsn):
-    import psycopg
-
     port = free_port("127.0.0.1")
     with Sink("127.0.0.1", 0) as relay:
         settings = fast_settings(relay.port)
@@ -77,18 +75,10 @@ def test_readyz_says_why_not_when_the_database_is_gone(make_config, database_dsn
         app.ensure_schema()
         with running_node(app.config):
             wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 30, "the node to be ready")
-            # The node's sessions end as a failover or a restart would end them.
-            database = psycopg.conninfo.conninfo_to_dict(app.config.database.dsn)["dbname"]
-            with psycopg.connect(psycopg.conninfo.make_conninfo(database_dsn, dbname="postgres"),
-                                 autocommit=True) as admin:
-                admin.execute("ALTER DATABASE " + database + " ALLOW_CONNECTIONS false")
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (database,))
-                try:
-                    wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 503, 30, "readyz to say not ready")
-                    status, body = get(f"http://127.0.0.1:{port}/readyz")
-                    assert json.loads(body)["status"] == "not ready"
-                    assert any(p.startswith("database unreachable") for p in json.loads(body)["problems"])
-                    assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # alive, only not ready
-                finally:
-                    admin.execute("ALTER DATABASE " + database + " ALLOW_CONNECTIONS true")
+            with database_away(database_dsn):
+                wait_for(lambda: get(f"http://127.0.0.1:{port}/readyz")[0] == 503, 30, "readyz to say not ready")
+                status, body = get(f"http://127.0.0.1:{port}/readyz")
+                assert json.loads(body)["status"] == "not ready"
+                assert any(p.startswith("database unreachable") for p in json.loads(body)["problems"])
+                assert get(f"http://127.0.0.1:{port}/healthz")[0] == 200  # alive, only not ready
     app.close()
