@@ -51,6 +51,17 @@ class NodeIdentity:
         return cls(id=uuid.uuid4(), name=name, host=socket.gethostname(), pid=os.getpid())
 
 
+def fence_after(heartbeat: float, lease: float) -> float:
+    """Seconds without a good heartbeat after which a node fences itself (claims nothing, starts no
+    send): the lease minus two heartbeats, so its sends in flight have those two heartbeats to end
+    before anyone may take its jobs (at the lease, on the database's clock, from the last heartbeat
+    that reached it); but never less than two heartbeats, or a heartbeat a moment late fences it.
+    At the shortest lease the config takes (three heartbeats) that is two heartbeats, one left
+    before the lease. Before: always lease minus two heartbeats, one heartbeat there, and a node
+    at heartbeat 1s, lease 3s put its jobs back as fenced every few seconds (219 against 870 msg/s)."""
+    return max(2 * heartbeat, lease - 2 * heartbeat)
+
+
 class Lifeline(threading.Thread):
     """Keeps the node's lock, heartbeat and LISTEN alive; reconnects with backoff when Postgres goes away."""
 
@@ -66,6 +77,9 @@ class Lifeline(threading.Thread):
         self._lease = config.recovery.lease
         self._stop_event = threading.Event()
         self._last_ok = time.monotonic()
+        self._fence_after = fence_after(self._heartbeat, self._lease)
+        self._fenced = False
+        self._fence_lock = threading.Lock()
         self._lock_held = False
         self.lock_id: int | None = None
         self.epoch: uuid.UUID | None = None  # the server epoch this lifeline last connected in
@@ -81,13 +95,31 @@ class Lifeline(threading.Thread):
 
     def may_send(self) -> bool:
         """False while the lifeline's lock is not held, and once the last good heartbeat is older
-        than the lease minus two heartbeats.
+        than :func:`fence_after` (the node *fences* itself: it claims nothing and starts no send).
 
         Without the lock, a new incarnation of this node's name may take its jobs at once; after
         the lease anyone may. Stopping first keeps a message from being sent twice. Measured on
         the monotonic clock, immune to wall-clock jumps.
         """
-        return self._lock_held and time.monotonic() - self._last_ok < self._lease - 2 * self._heartbeat
+        age = time.monotonic() - self._last_ok
+        fenced = age >= self._fence_after
+        if fenced != self._fenced:
+            self._fence_changed(fenced, age)
+        return self._lock_held and not fenced
+
+    def _fence_changed(self, fenced: bool, age: float) -> None:
+        """Said once each way: a node fences itself only when its heartbeats really fail."""
+        with self._fence_lock:
+            if fenced == self._fenced:
+                return
+            self._fenced = fenced
+        if fenced:
+            log.warning("node_fenced", node=self.node.name, last_heartbeat_s=round(age, 1),
+                        fence_after_s=self._fence_after, lease_s=self._lease,
+                        meaning="no heartbeat has reached the database for this long: the node claims nothing and "
+                                "starts no send until one does, before anyone may take its jobs")
+        else:
+            log.warning("node_unfenced", node=self.node.name, meaning="a heartbeat reached the database again")
 
     def stop(self) -> None:
         self._stop_event.set()
