@@ -67,6 +67,53 @@ class FailRule:
         return phase == self.phase and fnmatch.fnmatchcase(address.lower(), self.pattern)
 
 
+@dataclass
+class RateRule:
+    """``RATE=REPLY``: recipients beyond RATE (``5/s``, ``300/min``) get REPLY at RCPT TO, as a
+    provider that throttles a sender answers (``421 4.7.28 ...``). A bucket of one second's worth
+    (at least 1), refilled at the rate: an idle sink takes that many at once."""
+
+    per_second: float
+    reply: str
+    _tokens: float = 0.0
+    _at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._tokens, self._at = self.capacity, time.monotonic()
+
+    @property
+    def capacity(self) -> float:
+        return max(1.0, self.per_second)
+
+    @classmethod
+    def parse(cls, text: str) -> RateRule:
+        """ValueError saying which part is wrong."""
+        from senddock.pacing.rates import parse_rate
+
+        rate, sep, reply = text.partition("=")
+        reply = reply.strip()
+        if not sep:
+            raise ValueError(f"--limit {text!r}: expected RATE=REPLY, e.g. '5/s=421 4.7.28 rate limited'")
+        try:
+            per_second = parse_rate(rate.strip()).per_second
+        except ValueError as exc:
+            raise ValueError(f"--limit {text!r}: {exc}") from None
+        problem = _reply_problem(reply)
+        if problem:
+            raise ValueError(f"--limit {text!r}: {problem}")
+        return cls(per_second, reply)
+
+    def refuses(self) -> bool:
+        """Whether one more recipient now is over the rate (taking its token if not)."""
+        now = time.monotonic()
+        self._tokens = min(self.capacity, self._tokens + (now - self._at) * self.per_second)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return False
+        return True
+
+
 @dataclass(frozen=True)
 class Received:
     sender: str
@@ -81,6 +128,8 @@ class Received:
 @dataclass
 class SinkHandler:
     rules: Sequence[FailRule] = ()
+    limit: RateRule | None = None  # recipients over its rate get its reply
+    limited: list[float] = field(default_factory=list)  # time.time() of each recipient the limit refused
     delay: float = 0.0  # seconds before answering the final "." (a relay's own latency)
     save_dir: Path | None = None
     on_message: Callable[[Received], None] | None = None
@@ -120,6 +169,14 @@ class SinkHandler:
         reply = self._rule("rcpt", address)
         if reply:
             return reply
+        limit = self.limit
+        if limit is not None:
+            with self._lock:
+                refused = limit.refuses()
+                if refused:
+                    self.limited.append(time.time())
+            if refused:
+                return limit.reply
         envelope.rcpt_tos.append(address)
         return "250 OK"
 
@@ -166,6 +223,7 @@ class Sink:
         port: int = 1025,
         *,
         rules: Sequence[FailRule] = (),
+        limit: RateRule | None = None,
         delay: float = 0.0,
         save_dir: Path | None = None,
         on_message: Callable[[Received], None] | None = None,
@@ -176,7 +234,7 @@ class Sink:
         """``security``: ``none``, ``starttls`` (offered and required before MAIL) or ``tls``
         (implicit TLS from the first byte); both need a server-side ``tls_context``. ``delay``:
         seconds each message waits before its final reply, as a real relay's latency."""
-        self.handler = SinkHandler(rules=rules, delay=delay, save_dir=save_dir, on_message=on_message)
+        self.handler = SinkHandler(rules=rules, limit=limit, delay=delay, save_dir=save_dir, on_message=on_message)
         self.host = host
         self._port = port
         kwargs: dict = {}

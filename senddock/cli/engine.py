@@ -44,10 +44,11 @@ def stop_on_signals(stop) -> None:
 
 
 def sink(args: argparse.Namespace, out: Output) -> int:
-    from senddock.sink import FailRule, Sink  # aiosmtpd, asyncio: only for the sink
+    from senddock.sink import FailRule, RateRule, Sink  # aiosmtpd, asyncio: only for the sink
 
     try:
         rules = [FailRule.parse(text) for text in args.fail]
+        limit = RateRule.parse(args.limit) if args.limit else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -58,7 +59,7 @@ def sink(args: argparse.Namespace, out: Output) -> int:
         out.problem(line) if out.json_mode else print(line, flush=True)
 
     try:
-        server = Sink(args.host, args.port, rules=rules, delay=args.delay,
+        server = Sink(args.host, args.port, rules=rules, limit=limit, delay=args.delay,
                       save_dir=Path(args.save) if args.save else None, on_message=show)
         server.start()
     except OSError as exc:
@@ -73,8 +74,10 @@ def sink(args: argparse.Namespace, out: Output) -> int:
         server.stop()
     received = server.received
     # connections: how many SMTP sessions delivered them (a pooling client's count shows here).
-    out.result({"received": len(received), "connections": len({m.peer for m in received})},
-               f"received {plural(len(received), 'message')}")
+    limited = len(server.handler.limited)
+    out.result({"received": len(received), "connections": len({m.peer for m in received}), "limited": limited},
+               f"received {plural(len(received), 'message')}"
+               + (f"; {plural(limited, 'recipient')} refused over --limit" if limit else ""))
     return EXIT_OK
 
 
@@ -144,4 +147,7 @@ def add_commands(sub, camp, command, positive_int) -> None:
     p.add_argument("--fail", action="append", default=[], metavar="PATTERN=REPLY",
                    help="answer matching recipients, e.g. 'bounce*@*=550 5.1.1 no such user' "
                         "(prefix mail: to match the sender at MAIL FROM, data: to refuse at DATA)")
+    p.add_argument("--limit", metavar="RATE=REPLY",
+                   help="answer recipients beyond RATE with REPLY, as a provider that throttles: "
+                        "e.g. '5/s=421 4.7.28 Our system has detected an unusual rate' (a second's worth at once)")
 

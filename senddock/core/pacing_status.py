@@ -88,7 +88,7 @@ def pacing_status(conn: psycopg.Connection, pacing: PacingSettings, *, transport
         return ()
 
     in_force = {} if pacing.adaptive is None else {
-        row["key"]: pacing.adaptive.in_force(row["factor"], row["halved_ago"]) for row in factors}
+        row["key"]: pacing.adaptive.in_force(row["factor"], row["halved_ago"], row.get("ceiling")) for row in factors}
     total, by_group, by_campaign = 0, Counter[str](), Counter[int]()
     for row in recent:
         total += row["sends"]

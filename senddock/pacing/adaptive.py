@@ -1,12 +1,18 @@
 """Adaptive pacing (AIMD): a provider's throttling halves its group's rate, which climbs back
-additively while replies are clean, never above the configured rate.
+additively while replies are clean, never above the configured rate, at a pace proportional to
+the rate the provider pushed back at.
 
 A limit's rate is its configured rate times a factor in (0, 1], kept with the limit in Postgres
-(``pacing_limits.factor``, ``factor_at``), so every node slows down together. A throttling reply
-sets ``factor = max(floor, f / 2)`` and ``factor_at = now``, at most once per ``hold``: the sends
-in flight when a provider starts throttling all report it, and that is one signal, not fifty.
+(``pacing_limits.factor``, ``factor_at``, ``ceiling``), so every node slows down together. A
+throttling reply remembers the factor in force f as the *ceiling* and sets
+``factor = max(floor, f / 2)`` and ``factor_at = now``, at most once per ``hold``: the sends in
+flight when a provider starts throttling all report it, and that is one signal, not fifty.
 Recovery needs no writer: the factor in force at time t is
-``min(1, factor + (t - factor_at) / recovery)``, read by the take that uses it.
+``min(1, factor + ceiling * (t - factor_at) / recovery)``, read by the take that uses it. A limit
+throttled at its configured rate (ceiling 1) climbs a tenth of it every tenth of the recovery; one
+throttled at 5% climbs 5% as fast, so it spends half the recovery time below what the provider
+allows, instead of being back above it in two seconds (a group at 100/s against a provider
+allowing 5/s had half its sends throttled).
 """
 
 from __future__ import annotations
@@ -29,12 +35,15 @@ class Adaptive:
     hold: float = 5.0  # seconds after a halving during which further throttling replies change nothing
     floor: float = 0.02  # the factor never falls below this share of the configured rate
 
-    def in_force(self, factor: float, halved_ago: float | None) -> float:
+    def in_force(self, factor: float, halved_ago: float | None, ceiling: float | None = None) -> float:
         """The factor in force for a limit halved to ``factor`` ``halved_ago`` seconds ago (None:
-        never halved): the formula the limiter's statements use (``pacing_take``, ``pacing_throttled``)."""
+        never halved) from ``ceiling`` (the factor in force then; None: 1): the formula the
+        limiter's statements use (``pacing_take``, ``pacing_throttled``). It climbs back by a
+        share of the ceiling, not of the configured rate: what the provider pushed back at is
+        approached at a pace proportional to it."""
         if halved_ago is None:
             return factor
-        return min(1.0, factor + max(0.0, halved_ago) / self.recovery)
+        return min(1.0, factor + (1.0 if ceiling is None else ceiling) * max(0.0, halved_ago) / self.recovery)
 
 
 def adaptive_settings(value: bool | Mapping[str, Any]) -> Adaptive | None:

@@ -218,3 +218,38 @@ def test_the_gate_keeps_the_latency_margin_back_from_an_idle_limits_burst(make_c
         assert held == (100 - admitted[margin], 0)
         app.close()
     assert admitted == {"250ms": 45, "0s": 60}
+
+
+def test_adaptive_pacing_learns_the_rate_a_provider_allows_and_stays_under_it(make_config):
+    """A group configured at 100/s whose provider allows 5/s (`421 4.7.28` beyond, `senddock sink
+    --limit`): halvings bring it down within a few holds, and then it climbs back at a pace
+    proportional to the rate it was throttled at, not a tenth of 100/s a tenth of the recovery:
+    once learned, under a tenth of the attempts are throttled (the additive climb had half)."""
+    from senddock.sink import RateRule, Sink
+    from tests_support import running_node
+
+    pacing = {"domains": [{"match": ["provider.example"], "rate": "100/s", "burst": 5}],
+              "adaptive": {"recovery": "10s", "hold": "1s"}}
+    limit = RateRule.parse("5/s=421 4.7.28 Our system has detected an unusual rate of unsolicited mail")
+    with Sink("127.0.0.1", 0, limit=limit) as relay:
+        app = Senddock(make_config(fast_settings(relay.port, concurrency=10, pacing=pacing,
+                                                 retry={"schedule": ["500ms"], "jitter": 0})))
+        emails = [f"user{i}@provider.example" for i in range(110)]
+        campaign_id = make_broadcast(app, emails)
+        with running_node(app.config):
+            wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 120, "the broadcast to end")
+        accepted = sorted(m.at for m in relay.received)
+        refused = sorted(relay.handler.limited)
+        status = app.pacing_status()
+    assert Counter(m.recipients[0] for m in relay.received) == Counter(emails)  # everyone once, nobody lost
+    learned = refused[0] + 10  # a few holds to come down from 100/s, twice the recovery's climb
+    late_accepted = [t for t in accepted if t >= learned]
+    late_refused = [t for t in refused if t >= learned]
+    assert len(late_accepted) >= 30, "the measurement needs sends after the learning"
+    throttled = len(late_refused) / (len(late_refused) + len(late_accepted))
+    print(f"throttled after learning: {len(late_refused)} of {len(late_refused) + len(late_accepted)}")
+    assert throttled < 0.10, (len(late_refused), len(late_accepted))
+    # The effective rate status shows is near what the provider allows, not the configured 100/s.
+    [group] = [s for s in status if s.key == "domain:provider.example"]
+    assert 1.0 <= group.effective_per_second <= 8.0, group.effective_per_second
+    app.close()

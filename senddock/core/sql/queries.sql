@@ -1239,7 +1239,7 @@ WITH wanted AS (
 ), locked AS (
     -- Locks in key order, whatever order the caller named the limits in: two takes never wait for
     -- each other in a cycle. ORDER BY is applied before the locks are taken.
-    SELECT l.key, l.tat, l.factor, l.factor_at
+    SELECT l.key, l.tat, l.factor, l.factor_at, l.ceiling
     FROM pacing_limits l
     WHERE l.key = ANY (%(keys)s::text[])
     ORDER BY l.key
@@ -1253,9 +1253,11 @@ WITH wanted AS (
     SELECT w.key, w.t_s / f.factor AS t_s, w.tau_s, l.key IS NULL AS missing, c.t, greatest(l.tat, c.t) AS due
     FROM wanted w CROSS JOIN clock c LEFT JOIN locked l ON l.key = w.key
     CROSS JOIN LATERAL (
-        -- The factor climbs back by 1 / recovery a second since it was last halved, up to 1.
+        -- The factor climbs back by ceiling / recovery a second since it was last halved (the
+        -- ceiling: the factor it was halved from, migration 15), up to 1.
         SELECT CASE WHEN %(recovery)s::float8 IS NULL OR l.key IS NULL THEN 1
-                    ELSE least(1, l.factor + coalesce(greatest(0, extract(epoch FROM c.t - l.factor_at)::float8), 0)
+                    ELSE least(1, l.factor + coalesce(l.ceiling, 1)
+                                             * coalesce(greatest(0, extract(epoch FROM c.t - l.factor_at)::float8), 0)
                                              / %(recovery)s::float8) END AS factor
     ) f
 ), allowed AS (
@@ -1297,21 +1299,31 @@ FROM outcome o CROSS JOIN allowed a
 GROUP BY o.k, o.t;
 
 -- name: pacing_throttled
--- Adaptive pacing (AIMD, migration 8): a throttling reply halves each given limit's factor in
--- force (never below the floor) and restarts its recovery from now, unless it was halved less
--- than hold seconds ago: the sends in flight report one throttling many times over. An upsert,
--- so the guard is checked on the row as it is once locked (ON CONFLICT DO UPDATE reads its latest
--- version): two nodes reporting at once halve it once. A limit without a row yet gets one, due
--- now. Keys locked in key order, as in pacing_take, so the two never wait for each other in a
--- cycle. Returns the limits halved, with their new factor.
-INSERT INTO pacing_limits AS p (key, tat, factor, factor_at)
-SELECT k.key, clock_timestamp(), greatest(%(floor)s::float8, 0.5), clock_timestamp()
+-- Adaptive pacing (AIMD, migrations 8 and 15): a throttling reply halves each given limit's factor
+-- in force (never below the floor), remembers that factor as the limit's ceiling (the rate the
+-- provider pushed back at), and restarts its recovery from now, unless it was halved less than
+-- hold seconds ago: the sends in flight report one throttling many times over. The factor climbs
+-- back by ceiling / recovery a second (see pacing_take): a limit throttled at a twentieth of its
+-- configured rate climbs back a twentieth as fast, reaching its ceiling again only after half the
+-- recovery time, not in two seconds. An upsert, so the guard is checked on the row as it is once
+-- locked (ON CONFLICT DO UPDATE reads its latest version): two nodes reporting at once halve it
+-- once. A limit without a row yet gets one, due now, halved from 1. Keys locked in key order, as
+-- in pacing_take, so the two never wait for each other in a cycle. Returns the limits halved,
+-- with their new factor.
+INSERT INTO pacing_limits AS p (key, tat, factor, factor_at, ceiling)
+SELECT k.key, clock_timestamp(), greatest(%(floor)s::float8, 0.5), clock_timestamp(), 1
 FROM (SELECT DISTINCT unnest(%(keys)s::text[]) AS key) k
 ORDER BY k.key
 ON CONFLICT (key) DO UPDATE
+   -- Both from the row as it was: the factor in force now (as pacing_take computes it), halved,
+   -- and as the new ceiling.
    SET factor = greatest(%(floor)s::float8,
-                         least(1, p.factor + coalesce(greatest(0, extract(epoch FROM clock_timestamp() - p.factor_at)::float8), 0)
-                                             / %(recovery)s::float8) / 2),
+                         least(1, p.factor + coalesce(p.ceiling, 1)
+                                  * coalesce(greatest(0, extract(epoch FROM clock_timestamp() - p.factor_at)::float8), 0)
+                                  / %(recovery)s::float8) / 2),
+       ceiling = least(1, p.factor + coalesce(p.ceiling, 1)
+                          * coalesce(greatest(0, extract(epoch FROM clock_timestamp() - p.factor_at)::float8), 0)
+                          / %(recovery)s::float8),
        factor_at = clock_timestamp()
  WHERE p.factor_at IS NULL OR p.factor_at <= clock_timestamp() - make_interval(secs => %(hold)s::float8)
 RETURNING p.key, p.factor;
@@ -1343,7 +1355,7 @@ WITH clock AS (
 SELECT (SELECT coalesce(json_agg(json_build_object('campaign_id', r.campaign_id, 'send_rate', r.send_rate)), '[]')
           FROM rates r) AS campaign_rates,
        (SELECT coalesce(json_agg(json_build_object(
-                   'key', l.key, 'factor', l.factor,
+                   'key', l.key, 'factor', l.factor, 'ceiling', l.ceiling,
                    'halved_ago', extract(epoch FROM (SELECT t FROM clock) - l.factor_at)::float8)), '[]')
           FROM pacing_limits l
          WHERE l.key = ANY (%(keys)s::text[])
