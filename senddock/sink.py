@@ -36,6 +36,20 @@ def _reply_problem(reply: str) -> str | None:
             f"later) or 5 (refuse), e.g. {_EXAMPLE_REPLY}")
 
 
+def _rule_parts(option: str, text: str, left: str, example: str) -> tuple[str, str]:
+    """``LEFT=REPLY`` split; ValueError when there is no '='."""
+    before, sep, reply = text.partition("=")
+    if not sep:
+        raise ValueError(f"{option} {text!r}: expected {left}=REPLY, e.g. '{example}'")
+    return before, reply.strip()
+
+
+def _check_reply(option: str, text: str, reply: str) -> None:
+    problem = _reply_problem(reply)
+    if problem:
+        raise ValueError(f"{option} {text!r}: {problem}")
+
+
 @dataclass(frozen=True)
 class FailRule:
     """``PATTERN=REPLY``: recipients matching PATTERN get REPLY at RCPT TO. ``mail:PATTERN`` matches
@@ -48,16 +62,11 @@ class FailRule:
     @classmethod
     def parse(cls, text: str) -> FailRule:
         """ValueError saying which part is wrong: the form, the pattern or the reply."""
-        pattern, sep, reply = text.partition("=")
-        reply = reply.strip()
-        if not sep:
-            raise ValueError(f"--fail {text!r}: expected PATTERN=REPLY, e.g. '{_EXAMPLE_RULE}'")
+        pattern, reply = _rule_parts("--fail", text, "PATTERN", _EXAMPLE_RULE)
         if not pattern.strip():
             raise ValueError(f"--fail {text!r}: the PATTERN before '=' is empty: name the recipients it is for, "
                              f"e.g. '{_EXAMPLE_RULE}' ('*' for everyone)")
-        problem = _reply_problem(reply)
-        if problem:
-            raise ValueError(f"--fail {text!r}: {problem}")
+        _check_reply("--fail", text, reply)
         phase, colon, rest = pattern.partition(":")
         if colon and phase in ("mail", "rcpt", "data"):
             return cls(phase, rest.strip().lower(), reply)
@@ -90,17 +99,12 @@ class RateRule:
         """ValueError saying which part is wrong."""
         from senddock.pacing.rates import parse_rate
 
-        rate, sep, reply = text.partition("=")
-        reply = reply.strip()
-        if not sep:
-            raise ValueError(f"--limit {text!r}: expected RATE=REPLY, e.g. '5/s=421 4.7.28 rate limited'")
+        rate, reply = _rule_parts("--limit", text, "RATE", "5/s=421 4.7.28 rate limited")
         try:
             per_second = parse_rate(rate.strip()).per_second
         except ValueError as exc:
             raise ValueError(f"--limit {text!r}: {exc}") from None
-        problem = _reply_problem(reply)
-        if problem:
-            raise ValueError(f"--limit {text!r}: {problem}")
+        _check_reply("--limit", text, reply)
         return cls(per_second, reply)
 
     def refuses(self) -> bool:

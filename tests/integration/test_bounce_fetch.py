@@ -74,12 +74,17 @@ def test_pop3_deletes_after_applying_and_a_refused_login_removes_nothing(cli, se
     app.close()
 
 
-def test_watch_keeps_reading_until_stopped(sent, dovecot, database_dsn):
-    app, mail = sent(f"imap://{Dovecot.USER}@127.0.0.1:{dovecot.imap_port}/INBOX")
+def watching(app, database_dsn: str) -> subprocess.Popen:
+    """`senddock bounces fetch --watch --json` on ``app``'s config, as a process of its own."""
     env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn, "BOUNCE_SECRET": SECRET,
            "MAILBOX_PASSWORD": Dovecot.PASSWORD}
-    process = subprocess.Popen([senddock_executable(), "bounces", "fetch", "--watch", "-c", str(app.config.path),
-                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    return subprocess.Popen([senddock_executable(), "bounces", "fetch", "--watch", "-c", str(app.config.path),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+
+
+def test_watch_keeps_reading_until_stopped(sent, dovecot, database_dsn):
+    app, mail = sent(f"imap://{Dovecot.USER}@127.0.0.1:{dovecot.imap_port}/INBOX")
+    process = watching(app, database_dsn)
     try:
         dovecot.deliver(bounce_for(mail, "gone@example.net"))
         wait_for(lambda: suppressed(app) == {"gone@example.net": "bounced"}, 30, "the first bounce")

@@ -27,6 +27,23 @@ def new_epoch(conn: psycopg.Connection) -> uuid.UUID:
     return ensure_epoch(conn).id
 
 
+def claim_lost(conn: psycopg.Connection, email: str) -> None:
+    """The job as a standby shows it that never got its claim: pending, nobody's."""
+    conn.execute("UPDATE broadcast_jobs SET status = 'pending', claimed_by = NULL, claim_token = NULL, "
+                 "send_begun = NULL, claimed_at = NULL WHERE email = %s", (email,))
+
+
+def sent_since(conn: psycopg.Connection, email: str) -> None:
+    conn.execute("UPDATE broadcast_jobs SET status = 'sent', claimed_by = NULL, claim_token = NULL "
+                 "WHERE email = %s", (email,))
+
+
+def taken_by(conn: psycopg.Connection, node, email: str) -> None:
+    """Claimed by ``node`` since, under a claim of its own."""
+    conn.execute("UPDATE broadcast_jobs SET claimed_by = %s, claim_token = %s WHERE email = %s",
+                 (node.id, uuid.uuid4(), email))
+
+
 def states(conn: psycopg.Connection) -> dict[str, tuple]:
     return {r[0]: r[1:] for r in conn.execute("SELECT email, status, send_begun FROM broadcast_jobs")}
 
@@ -76,13 +93,10 @@ def test_jobs_in_flight_are_taken_back_where_the_server_lost_their_claim_or_mark
         me, other = register(conn, "me"), register(conn, "other")
         mine = {j.email: j for j in Queue(conn, me).claim(5, begun=True)}
         # What a promoted asynchronous standby may show of them:
-        conn.execute("UPDATE broadcast_jobs SET status = 'pending', claimed_by = NULL, claim_token = NULL, "
-                     "send_begun = NULL, claimed_at = NULL WHERE email = 'lost-claim@example.com'")
+        claim_lost(conn, "lost-claim@example.com")
         conn.execute("UPDATE broadcast_jobs SET send_begun = false WHERE email = 'lost-mark@example.com'")
-        conn.execute("UPDATE broadcast_jobs SET claimed_by = %s, claim_token = %s WHERE email = 'taken@example.com'",
-                     (other.id, uuid.uuid4()))
-        conn.execute("UPDATE broadcast_jobs SET status = 'sent', claimed_by = NULL, claim_token = NULL "
-                     "WHERE email = 'done@example.com'")
+        taken_by(conn, other, "taken@example.com")
+        sent_since(conn, "done@example.com")
         new_epoch(conn)
         taken = Queue(conn, me).reclaim(list(mine.values()))
         assert taken == {mine["lost-claim@example.com"].id, mine["lost-mark@example.com"].id}
@@ -105,12 +119,9 @@ def test_a_delivery_committed_again_after_its_claim_was_lost_is_in_doubt_only_if
         mine = {j.email: j for j in Queue(conn, me).claim(5, begun=True)}
         # The failover lost the claims: one job is pending again, one was sent by someone since,
         # one is being sent by another node now.
-        conn.execute("UPDATE broadcast_jobs SET status = 'pending', claimed_by = NULL, claim_token = NULL, "
-                     "send_begun = NULL WHERE email = 'nobodys@example.com'")
-        conn.execute("UPDATE broadcast_jobs SET status = 'sent', claimed_by = NULL, claim_token = NULL "
-                     "WHERE email = 'resent@example.com'")
-        conn.execute("UPDATE broadcast_jobs SET claimed_by = %s, claim_token = %s WHERE email = 'sending@example.com'",
-                     (other.id, uuid.uuid4()))
+        claim_lost(conn, "nobodys@example.com")
+        sent_since(conn, "resent@example.com")
+        taken_by(conn, other, "sending@example.com")
         now = datetime.now(timezone.utc)
         Queue(conn, me).record_results([ResultRow(j, 1, now, SENT) for j in mine.values()], synchronous=True)
         log = {r[0]: r[1:] for r in conn.execute(

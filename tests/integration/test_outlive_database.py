@@ -11,9 +11,8 @@ import subprocess
 import time
 
 import yaml
-from test_bounce_fetch import bounce_for, sent  # noqa: F401 - fixtures
+from test_bounce_fetch import bounce_for, sent, watching  # noqa: F401 - fixtures
 from test_bounce_fetch import dovecot as dovecot  # noqa: F401 - fixture
-from test_bounce_ingest import SECRET
 from test_events import bounce, sns
 from test_events import sent as ses_sent  # noqa: F401 - fixture
 from test_ses_like import aws_env, moto_server  # noqa: F401 - fixtures
@@ -58,10 +57,7 @@ def test_events_ingest_on_a_pipe_waits_out_the_database_and_applies_every_notifi
 def test_bounces_fetch_watch_waits_out_the_database_and_applies_the_message_it_holds(sent, dovecot, database_dsn):
     app, mail = sent(f"imap://{Dovecot.USER}@127.0.0.1:{dovecot.imap_port}/INBOX", interval="200ms")
     waiting_a_second(app.config.path)
-    env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn, "BOUNCE_SECRET": SECRET,
-           "MAILBOX_PASSWORD": Dovecot.PASSWORD}
-    process = subprocess.Popen([senddock_executable(), "bounces", "fetch", "--watch", "-c", str(app.config.path),
-                                "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    process = watching(app, database_dsn)
     try:
         dovecot.deliver(bounce_for(mail, "gone@example.net"))
         wait_for(lambda: suppressed(app) == {"gone@example.net": "bounced"}, 30, "the first bounce")
