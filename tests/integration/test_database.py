@@ -5,18 +5,17 @@ from __future__ import annotations
 import threading
 
 import pytest
-from psycopg_pool import ConnectionPool
 
 from senddock.core import db as db_module
-from senddock.core.db import Database
+from senddock.core.db import Database, _PromptPool
 from senddock.errors import DatabaseError
 from senddock.testing import with_database
 
 THREADS = 8
 
 
-class _CountingPool(ConnectionPool):
-    """A real ConnectionPool that records every pool made, opened and closed."""
+class _CountingPool(_PromptPool):
+    """senddock's real pool that records every pool made, opened and closed."""
 
     made: list[_CountingPool] = []
     lock = threading.Lock()
@@ -39,7 +38,7 @@ class _CountingPool(ConnectionPool):
 @pytest.fixture
 def counting_pool(monkeypatch):
     monkeypatch.setattr(_CountingPool, "made", [])
-    monkeypatch.setattr(db_module, "ConnectionPool", _CountingPool)
+    monkeypatch.setattr(db_module, "_PromptPool", _CountingPool)
     return _CountingPool
 
 
@@ -72,7 +71,7 @@ def test_concurrent_first_requests_make_one_pool(make_config, counting_pool):
     db = Database(make_config().database)
     try:
         pools = _all_at_once(lambda: db.pool)
-        assert all(isinstance(p, ConnectionPool) for p in pools), pools
+        assert all(isinstance(p, _PromptPool) for p in pools), pools
         assert len({id(p) for p in pools}) == 1
         assert len(counting_pool.made) == 1 and counting_pool.made[0].opened
         # ...and each thread can use it at once (it was open before any thread got it).

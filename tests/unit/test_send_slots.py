@@ -10,6 +10,8 @@ import pytest
 
 from senddock.core import completer as completers
 from senddock.core.completer import Completer, Done
+from senddock.core.journal import Journal
+from senddock.core.waits import Waits
 from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.queue import ClaimedJob, JobResult, ResultRow
 
@@ -79,7 +81,8 @@ def completer_with(slots: Slots, waiting_for_senders: int | list[int] = 0) -> Co
     ``waiting_for_senders`` is read afresh each time (a test changes it)."""
     waiting = waiting_for_senders if isinstance(waiting_for_senders, list) else [waiting_for_senders]
     return Completer(None, None, slots=slots, deck=Deck(0, slots), claims=HeldClaims(), aftercare=None,  # type: ignore[arg-type]
-                     lifeline=None, async_results=False, finish_campaigns=lambda queue, ids: None,  # type: ignore[arg-type]
+                     lifeline=None, journal=Journal(0), waits=Waits(), async_results=False,  # type: ignore[arg-type]
+                     finish_campaigns=lambda queue, ids: None,
                      queue_dry=lambda: False, waiting_for_senders=lambda: waiting[0])
 
 

@@ -571,18 +571,18 @@ WITH r AS (
      WHERE j.id = r.job_id AND j.claim_token = r.claim_token AND j.status = 'sending'
     RETURNING j.id, j.broadcast_id, j.next_attempt_at, j.status
 ), late AS (
-    -- Rows disjoint from result's: one statement must not update a row twice. `prior` is the job
-    -- as it was (this statement's snapshot): a delivery that finds it held by nobody (pending,
-    -- retry: its claim was lost with a failover's WAL, or recovered as in doubt elsewhere) sent it
-    -- once; one that finds it 'sending' under another claim may have been sent twice.
+    -- Rows disjoint from result's: one statement must not update a row twice. held: the job is
+    -- under another claim (its token is left as it was): that send may be a second one. A job
+    -- nobody held (pending, retry: its claim lost with a failover's WAL, or recovered as in doubt
+    -- elsewhere) was sent once.
     UPDATE broadcast_jobs j
        SET status = 'sent', sent_at = now(), attempts = j.attempts + 1, failure_reason = NULL,
            last_result = r.last_result,
            provider_message_id = coalesce(r.provider_message_id, j.provider_message_id)
-      FROM r JOIN broadcast_jobs prior ON prior.id = r.job_id
+      FROM r
      WHERE j.id = r.job_id AND r.ok AND j.status <> 'sent'
        AND NOT EXISTS (SELECT FROM result x WHERE x.id = r.job_id)
-    RETURNING j.id, prior.status AS was
+    RETURNING j.id, j.claim_token IS NOT NULL AS held
 ), put_back AS (
     INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
     SELECT DISTINCT ON (broadcast_id) broadcast_id, next_attempt_at, id
@@ -595,7 +595,7 @@ WITH r AS (
     SELECT r.job_id, r.broadcast_id, r.attempt, %(node)s, %(node_id)s, r.started_at, r.outcome,
            -- A message delivered under a lost claim may have gone out twice (in doubt): when the
            -- job was sent already, or is being sent under another claim.
-           r.in_doubt OR (r.ok AND x.id IS NULL AND (l.id IS NULL OR l.was = 'sending')), r.phase, r.code,
+           r.in_doubt OR (r.ok AND x.id IS NULL AND (l.id IS NULL OR l.held)), r.phase, r.code,
            r.enhanced_code, r.last_result, r.provider_message_id, x.id IS NULL
       FROM r LEFT JOIN result x ON x.id = r.job_id LEFT JOIN late l ON l.id = r.job_id
 ), bounce AS (
@@ -642,13 +642,15 @@ WITH r AS (
 -- begun: the jobs of begin_ids marked begun (the same on every row).
 -- stopped: the results' campaigns that no longer send (paused or cancelled by anyone, as of this
 -- statement's snapshot): the node's next jobs of theirs, marked begun already, stay unsent.
-SELECT r.job_id, x.id IS NOT NULL AS recorded, l.id IS NOT NULL AS late_sent,
+-- The columns, read by position (the statement stays under psycopg's 4 KB parse cache): job_id,
+-- recorded, late_sent, paused_now, begun, stopped, and the setting.
+SELECT r.job_id, x.id IS NOT NULL, l.id IS NOT NULL,
        r.pause_reason IS NOT NULL AND r.job_id = min(r.job_id) FILTER (WHERE r.pause_reason IS NOT NULL)
                                                   OVER (PARTITION BY r.campaign_id)
-       AND r.campaign_id IN (SELECT id FROM paused) AS paused_now,
-       (SELECT array_agg(id) FROM marked) AS begun,
+       AND r.campaign_id IN (SELECT id FROM paused),
+       (SELECT array_agg(id) FROM marked),
        (SELECT array_agg(c.id) FROM campaigns c
-         WHERE c.id IN (SELECT campaign_id FROM r) AND c.status <> 'sending') AS stopped,
+         WHERE c.id IN (SELECT campaign_id FROM r) AND c.status <> 'sending'),
        set_config('synchronous_commit', %(synchronous_commit)s, true)
   FROM r LEFT JOIN result x ON x.id = r.job_id LEFT JOIN late l ON l.id = r.job_id;
 
