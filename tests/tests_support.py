@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 import os
 import subprocess
 import sys
@@ -449,3 +449,19 @@ def database_away(database_dsn: str):
             yield
         finally:
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+
+
+@contextmanager
+def captured_logs(*modules):
+    """structlog.testing.capture_logs for what ``modules`` log, whatever ran before: each module's
+    ``log`` is swapped for a fresh logger for the block (once the CLI has configured structlog in
+    this process, a module's logger is bound and cached, and capture_logs no longer sees it)."""
+    from unittest.mock import patch
+
+    import structlog
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs, ExitStack() as stack:
+        for module in modules:
+            stack.enter_context(patch.object(module, "log", structlog.get_logger(module.__name__)))
+        yield logs

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 
 import psycopg
-from structlog.testing import capture_logs
-from tests_support import make_broadcast, running_node, wait_for
+from tests_support import captured_logs, make_broadcast, running_node, wait_for
 
 from senddock.api import Senddock
+from senddock.core import claimer, completer, nodes
 from senddock.core.nodes import fence_after
 from senddock.sink import Sink
 from senddock.testing import fast_settings
@@ -27,7 +27,7 @@ def test_at_the_shortest_lease_a_node_with_healthy_heartbeats_never_fences_itsel
         settings = fast_settings(relay.port, concurrency=5, recovery={"heartbeat": "1s", "lease": "3s"})
         app = Senddock(make_config(settings))
         campaign_id = make_broadcast(app, [f"reader{i}@example.net" for i in range(1200)])
-        with capture_logs() as logs, running_node(app.config):
+        with captured_logs(nodes, completer, claimer) as logs, running_node(app.config):
             wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 120, "the broadcast to finish")
         app.close()
     events = [e["event"] for e in logs]
@@ -41,7 +41,7 @@ def test_a_node_whose_heartbeats_fail_fences_itself_says_so_and_resumes_when_the
         settings = fast_settings(relay.port, concurrency=2, recovery={"heartbeat": "300ms", "lease": "1500ms"})
         app = Senddock(make_config(settings))
         campaign_id = make_broadcast(app, [f"reader{i}@example.net" for i in range(400)])
-        with capture_logs() as logs, running_node(app.config) as node, \
+        with captured_logs(nodes) as logs, running_node(app.config) as node, \
                 psycopg.connect(database_dsn) as blocker:
             wait_for(lambda: len(relay.received) >= 20, 30, "sending to start")
             # Its heartbeats wait for a row lock from now on: they fail to land, as on a server

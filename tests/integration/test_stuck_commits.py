@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 
 import psycopg
-import structlog
-from structlog.testing import capture_logs
 from test_node_metrics import get, samples
-from tests_support import make_broadcast, running_node, wait_for, write_config
+from tests_support import captured_logs, make_broadcast, running_node, wait_for, write_config
 
 from senddock.api import Senddock
 from senddock.config import load_config
+from senddock.core import waits
 from senddock.sink import Sink, free_port
 from senddock.testing import create_database, fast_settings, migrate_database
 
@@ -38,7 +37,7 @@ def test_commits_waiting_for_a_missing_synchronous_standby_are_logged_not_ready_
         monkeypatch.setenv("SENDDOCK_DATABASE_URL", dsn)
         app = Senddock(load_config(write_config(tmp_path, settings)))
         campaign_id = make_broadcast(app, [f"reader{i}@example.net" for i in range(40)])
-        with capture_logs() as logs, running_node(app.config):
+        with captured_logs(waits) as logs, running_node(app.config):
             wait_for(lambda: len(relay.received) >= 4, 30, "the broadcast to be under way")
             set_synchronous_standbys(admin, "ghost")
             try:
