@@ -15,7 +15,8 @@ from senddock.core.runner import Runner
 from senddock.errors import InvalidInput, InvalidState
 from senddock.sink import FailRule
 from senddock.testing import drain, fast_settings
-from tests_support import jobs_by_email, make_broadcast, sent_count, start_node, suppressed, wait_for, write_config
+from tests_support import (jobs_by_email, make_broadcast, sent_count, start_node, still_true, suppressed, wait_for,
+                           write_config)
 
 
 def delivered(sink) -> Counter:
@@ -39,10 +40,11 @@ def test_pause_then_resume_across_two_nodes_sends_everyone_exactly_once(make_con
     try:
         wait_for(lambda: sent_count(database_dsn) > 200, 60, "both nodes sending")
         app.pause_campaign(campaign_id)
-        time.sleep(1.5)  # in-flight sends finish well within this
+        # The sends in flight at the pause finish and are recorded: no job of it is claimed then.
+        wait_for(lambda: app.campaign_status(campaign_id).sending == 0, 30, "the sends in flight to be recorded")
         paused_at = len(smtp_sink.received)
-        time.sleep(1.5)
-        assert len(smtp_sink.received) == paused_at, "a paused campaign kept sending"
+        # Both nodes look for work every poll interval (100 ms): ten of them claim nothing of it.
+        assert still_true(lambda: len(smtp_sink.received) == paused_at, 10 * 0.1), "a paused campaign kept sending"
         status = app.campaign_status(campaign_id)
         assert status.status == "paused" and status.sending == 0 and status.sent == paused_at < 2000
 
@@ -64,10 +66,11 @@ def test_cancel_mid_flight_sends_nothing_more(make_config, database_dsn, smtp_si
         wait_for(lambda: sent_count(database_dsn) > 100, 60, "the node sending")
         cancelled = app.cancel_campaign(campaign_id)
         at_cancel = len(smtp_sink.received)
-        time.sleep(2)
         # Sends that had begun when the cancel committed may finish: at most one per send slot
         # (per worker, and each worker's next job, marked begun while it sent: inflight.RUNWAY).
-        assert len(smtp_sink.received) <= at_cancel + RUNWAY * 3
+        # Once none is left sending, ten poll intervals of the node's claim nothing more.
+        wait_for(lambda: app.campaign_status(campaign_id).sending == 0, 30, "the sends in flight to end")
+        assert still_true(lambda: len(smtp_sink.received) <= at_cancel + RUNWAY * 3, 10 * 0.1)
     finally:
         stop(nodes)
     status = app.campaign_status(campaign_id)

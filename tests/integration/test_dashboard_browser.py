@@ -18,7 +18,7 @@ from dashboard_support import PASSWORD, USER, serving
 from senddock.api import Senddock
 from senddock.sink import FailRule, Sink
 from senddock.testing import fast_settings
-from tests_support import make_broadcast, start_node, write_config
+from tests_support import make_broadcast, require_tool, start_node, write_config
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = os.environ.get("SENDDOCK_DASHBOARD_SCREENSHOT")
@@ -30,8 +30,7 @@ RECIPIENTS = 4000 if SCREENSHOT else 2400
 def browser() -> Iterator:
     from playwright.sync_api import sync_playwright
 
-    if not CHROMIUM.exists():
-        raise AssertionError("Debian's chromium is not installed: apt-get install chromium (.ci/run does)")
+    require_tool(str(CHROMIUM), "chromium")
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM))
         try:

@@ -15,7 +15,8 @@ from senddock.api import Senddock
 from senddock.core.queue import JobResult, Queue
 from senddock.core.runner import Runner
 from senddock.testing import fast_settings
-from tests_support import jobs_by_email, make_broadcast, register, sent_count, start_node, wait_for, write_config
+from tests_support import (jobs_by_email, make_broadcast, register, sent_count, start_node, still_true, wait_for,
+                           write_config)
 
 
 def test_two_nodes_drain_one_broadcast_without_duplicates(make_config, database_dsn, smtp_sink, tmp_path: Path):
@@ -197,10 +198,12 @@ def test_a_node_cut_off_from_its_heartbeat_stops_sending_on_its_own(make_config,
     try:
         wait_for(lambda: len(smtp_sink.received) > 50, 60, "sending to start")
         runner.lifeline.stop()  # heartbeats stop, as when the node is cut off from Postgres
-        time.sleep(1.0 - 2 * 0.2 + 0.3)  # past lease - 2 heartbeats, plus one send's worth
+        wait_for(lambda: not runner.lifeline.may_send(), 10, "the node to fence itself")
+        wait_for(lambda: runner.slots.in_use == 0, 10, "the sends begun before it to end")
         stalled_at = len(smtp_sink.received)
-        time.sleep(1.0)
-        assert len(smtp_sink.received) == stalled_at, "a node whose heartbeat is stale must not start sends"
+        # A lease's worth (1 s, five heartbeats): nothing more begins while it stays fenced.
+        assert still_true(lambda: len(smtp_sink.received) == stalled_at, 1.0), \
+            "a node whose heartbeat is stale must not start sends"
         assert not runner.lifeline.may_send()
     finally:
         runner.request_stop()

@@ -27,7 +27,7 @@ def waiting_a_second(config_path) -> None:
     config_path.write_text(yaml.safe_dump(settings), encoding="utf-8")
 
 
-def test_events_ingest_on_a_pipe_waits_out_the_database_and_applies_every_notification(ses_sent, database_dsn):
+def test_events_ingest_on_a_pipe_waits_out_the_database_and_applies_every_notification(ses_sent, database_dsn):  # noqa: F811
     app, config, ids = ses_sent
     waiting_a_second(config)
     env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn}
@@ -54,7 +54,7 @@ def test_events_ingest_on_a_pipe_waits_out_the_database_and_applies_every_notifi
     assert "database_lost" in stderr and "database_back" in stderr
 
 
-def test_bounces_fetch_watch_waits_out_the_database_and_applies_the_message_it_holds(sent, dovecot, database_dsn):
+def test_bounces_fetch_watch_waits_out_the_database_and_applies_the_message_it_holds(sent, dovecot, database_dsn):  # noqa: F811
     app, mail = sent(f"imap://{Dovecot.USER}@127.0.0.1:{dovecot.imap_port}/INBOX", interval="200ms")
     waiting_a_second(app.config.path)
     process = watching(app, database_dsn)

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from tests_support import require_tool
 
 from senddock.observe.cluster_metrics import ClusterCollector
 from senddock.observe.node_metrics import NodeMetrics
@@ -33,9 +33,7 @@ def exported() -> set[str]:
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    assert found, "promtool is not installed: apt-get install prometheus (.ci/run does)"
-    return found
+    return require_tool("promtool", "prometheus")
 
 
 @pytest.mark.parametrize("command", [["check", "rules", "alerts.yml"], ["test", "rules", "alerts_test.yml"]])
