@@ -538,11 +538,12 @@ def _semantic_errors(data: Mapping[str, Any], transports: Mapping[str, str]) -> 
     serve = data["serve"]
     if bool(serve["tls_cert_file"]) != bool(serve["tls_key_file"]):
         yield "$.serve", "tls_cert_file and tls_key_file go together"
-    for i, network in enumerate(serve["metrics"]["allow"]):
-        try:
-            ipaddress.ip_network(network, strict=False)
-        except ValueError:
-            yield f"$.serve.metrics.allow[{i}]", f"{network!r} is not an IP address or network (e.g. 10.0.0.0/8)"
+    for where, networks in (("metrics.allow", serve["metrics"]["allow"]), ("trusted_proxies", serve["trusted_proxies"])):
+        for i, network in enumerate(networks):
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                yield f"$.serve.{where}[{i}]", f"{network!r} is not an IP address or network (e.g. 10.0.0.0/8)"
     if parse_size(data["bounces"]["max_message_size"]) < 1024:
         yield "$.bounces.max_message_size", (f"must be at least 1KiB ({data['bounces']['max_message_size']!r}): "
                                              "a delivery status notification alone is larger")

@@ -2,7 +2,8 @@
 default, Yahoo's older format...): read by flufl.bounce's detectors rather than by regexes of ours.
 
 flufl.bounce says which addresses failed, permanently or not, and nothing more: the status and
-the text come from the body when it shows them.
+the text come from the body when it shows them. What it finds only "temporarily" failed is a delay
+notice (the server is still trying): no bounce.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 from email.message import EmailMessage
 
-from senddock.bounces.status import STATUS, failure_kind, not_the_address
+from senddock.bounces.status import STATUS, failure_kind, gave_up, not_the_address
 from senddock.outcome import BounceReport, MailReportKind
 
 MAX_BODY_SCAN = 64 * 1024  # how much of the text is searched for a status and a reason
@@ -26,18 +27,25 @@ def parse(message: EmailMessage) -> BounceReport | None:
         temporary, permanent = all_failures(message)
     except Exception:  # noqa: BLE001 - a detector choking on garbage: not a format it reads
         return None
-    failed = [_address(a) for a in permanent] or [_address(a) for a in temporary]
-    failed = sorted({a for a in failed if a})
+    failed = sorted({a for a in map(_address, permanent) if a})
     if not failed:
+        delayed = sorted({a for a in map(_address, temporary) if a})
+        if delayed:  # a warning that the server is still trying: nothing failed yet
+            return BounceReport(MailReportKind.NOT_BOUNCE, parser="legacy",
+                                reason=f"delay notice: still trying {', '.join(delayed[:3])}")
         return None
     text = _text(message)
     status, reason = _status_and_reason(text, failed)
-    if not permanent:
-        kind = MailReportKind.SOFT
-    elif status:
+    if status:
         kind = failure_kind(status, reason)
-    else:  # permanent, says flufl.bounce, and the text shows no status: hard unless it blames us
-        kind = MailReportKind.SOFT if reason and not_the_address(reason) else MailReportKind.HARD
+    elif (reason and not_the_address(reason)) or gave_up(_before(text, failed[0])):
+        # The text shows no status but blames our message, a full mailbox, or a host that did not
+        # answer, in the lines about the address or before them (Netscape's "not reachable within
+        # the allowed queue period"). Only the host part is looked for there: those lines quote
+        # our Subject, whose words are no server's verdict.
+        kind = MailReportKind.SOFT
+    else:  # permanent, says flufl.bounce: hard
+        kind = MailReportKind.HARD
     return BounceReport(kind, tuple(failed), status, reason, parser="legacy")
 
 
@@ -54,6 +62,11 @@ def _text(message: EmailMessage) -> str:
             data = part.get_payload(decode=True) or b""
             return data[:MAX_BODY_SCAN].decode(part.get_content_charset() or "utf-8", "replace")
     return ""
+
+
+def _before(text: str, address: str) -> str:
+    at = text.lower().find(address)
+    return text[:at] if at > 0 else ""
 
 
 def _status_and_reason(text: str, failed: list[str]) -> tuple[str | None, str | None]:

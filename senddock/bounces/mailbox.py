@@ -38,6 +38,7 @@ class MailboxSettings:
     after: str  # delete | move:FOLDER
     interval: float
     timeout: float
+    unreadable: str = "senddock-unreadable"  # IMAP: where a message that cannot be applied is moved
 
     @property
     def label(self) -> str:
@@ -72,7 +73,8 @@ def mailbox_settings(config: Config) -> MailboxSettings:
         protocol=protocol, host=url.hostname, port=port,
         user=unquote(url.username), password=section["password"], folder=unquote(url.path.strip("/")) or "INBOX",
         security=security, verify=section.get("verify", True), ca_file=section.get("ca_file"), after=after,
-        interval=parse_duration(section.get("interval", "1m")), timeout=parse_duration(section.get("timeout", "30s")))
+        interval=parse_duration(section.get("interval", "1m")), timeout=parse_duration(section.get("timeout", "30s")),
+        unreadable=section.get("unreadable", "senddock-unreadable"))
 
 
 @dataclass
@@ -89,6 +91,11 @@ class Mailbox:
 
     def done(self, uid: str) -> None:
         raise NotImplementedError
+
+    def set_aside(self, uid: str) -> bool:
+        """A message that cannot be applied, put where an operator can look at it and fetch does
+        not read it again; False where the protocol has nowhere to put it (POP3: it stays)."""
+        return False
 
 
 @contextmanager
@@ -132,6 +139,13 @@ class _Imap(Mailbox):
             self._box.delete(uid)
         else:
             self._box.move(uid, after.partition(":")[2])
+
+    def set_aside(self, uid: str) -> bool:
+        folder = self._settings.unreadable
+        if not self._box.folder.exists(folder):
+            self._box.folder.create(folder)
+        self._box.move(uid, folder)
+        return True
 
 
 @contextmanager

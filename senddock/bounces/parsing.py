@@ -7,9 +7,10 @@ import email
 import email.policy
 import email.utils
 import hashlib
-from datetime import datetime, timezone
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 
 import structlog
 
@@ -22,6 +23,13 @@ from senddock.sizes import format_size, parse_size
 log = structlog.get_logger(__name__)
 
 MAX_HEADER = 8 * 1024  # characters of one header field read: a bounce needs far fewer
+# What is kept of a text from a message (a diagnostic, a subject), an address and a status.
+MAX_TEXT, MAX_ADDRESS, MAX_STATUS = 2000, 320, 32
+# Control characters but tab, line feed and carriage return: Postgres text refuses NUL, and no
+# address, status or diagnostic has a reason to hold the others.
+_UNSTORABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# A report's Date older than this is no date a bounce of ours could carry (`Dec 1` is year 1).
+_EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
 
 
 class _BoundedPolicy(email.policy.EmailPolicy):
@@ -84,13 +92,44 @@ def _parse(config: Config, raw: bytes, envelope_recipients: Iterable[str]) -> Pa
 
 
 def _date(message: email.message.EmailMessage) -> datetime | None:
+    """The report's Date, never in the future; None for none, or one no bounce can have (before
+    2000, or an offset past a day: `Mon, 07 Dec 1 16:20:00 -2359`)."""
     try:
         when = email.utils.parsedate_to_datetime(str(message.get("Date", "")))
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        when = when.astimezone(timezone.utc)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+    if when < _EARLIEST:
+        return None
     return min(when, datetime.now(timezone.utc))
+
+
+def storable(text: object, limit: int = MAX_TEXT) -> str | None:
+    """``text`` as Postgres text can hold it and a log line or a page can show it: NUL and other
+    control characters dropped, what does not encode as UTF-8 (the surrogates of undecodable bytes)
+    replaced, at most ``limit`` characters. Every text a message brings goes through this before
+    it reaches SQL: one message must not make its intake fail, let alone every time it is retried."""
+    if text is None:
+        return None
+    text = _UNSTORABLE.sub("", str(text)[: limit * 2])
+    return text.encode("utf-8", "replace").decode("utf-8")[:limit]
+
+
+def _storable_report(report: BounceReport) -> BounceReport:
+    """The report a parser (a plugin's too) returned, with every text made storable; an address
+    that is no address once cleaned is left out."""
+    def address(value: object) -> str | None:
+        cleaned = storable(value, MAX_ADDRESS)
+        return cleaned if cleaned and "@" in cleaned and " " not in cleaned else None
+
+    per_recipient = tuple(
+        replace(r, address=a, status=storable(r.status, MAX_STATUS), reason=storable(r.reason))
+        for r in report.per_recipient if (a := address(r.address)) is not None)
+    return replace(report, recipients=tuple(a for r in report.recipients if (a := address(r)) is not None),
+                   status=storable(report.status, MAX_STATUS), reason=storable(report.reason),
+                   parser=storable(report.parser, 100) or "", per_recipient=per_recipient)
 
 
 def _body(raw: bytes) -> bytes:
@@ -111,7 +150,7 @@ def _report(config: Config, message: email.message.EmailMessage) -> BounceReport
     if not isinstance(report, BounceReport):
         log.error("bounce_parse_failed", error=f"parse_bounce_message returned {type(report).__name__}")
         return BounceReport(MailReportKind.NOT_BOUNCE, parser="error", reason="no parser answered")
-    return report
+    return _storable_report(report)
 
 
 def _hash_key(raw: bytes) -> str:
@@ -123,4 +162,4 @@ def _message_id(message: email.message.EmailMessage) -> str | None:
         value = message.get("Message-ID")
     except Exception:  # noqa: BLE001
         return None
-    return " ".join(str(value).split())[:500] if value else None
+    return storable(" ".join(str(value).split()), 500) if value else None

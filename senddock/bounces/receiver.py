@@ -5,7 +5,9 @@ RCPT is accepted only for the addresses ``bounces.receive.addresses`` allows (th
 pattern), anything else gets ``550 5.1.1``. Each message is applied before the final reply, so
 ``250`` means committed: a crash before it makes the sending server try again later, and a message
 that arrives twice is recorded once (its key, see senddock.bounces.parsing). A database that is
-down answers ``451``: the sender keeps the message and retries.
+down answers ``451``: the sender keeps the message and retries. A message that cannot be applied
+is recorded as ``unreadable`` and answered ``250`` (``554`` if even that failed): never a ``4xx``
+that would come back for days.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import fnmatch
 import glob
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from aiosmtpd.smtp import SMTP, Envelope, Session
 
 from senddock.bounces.parsing import max_message_size
 from senddock.config import Config
+from senddock.durations import parse_duration
 from senddock.errors import UsageError
 from senddock.sink import free_port
 
@@ -42,6 +46,10 @@ class ReceiveSettings:
     addresses: tuple[str, ...]  # glob patterns, case-insensitive: bounces+*@example.com
     max_message_size: int
     max_connections: int
+    # What one client may hold, so that it can never take every session from the others.
+    max_sessions_per_client: int = 3
+    session_lifetime: float = 600.0
+    max_recipients: int = 100
 
 
 def receive_settings(config: Config) -> ReceiveSettings:
@@ -61,7 +69,10 @@ def receive_settings(config: Config) -> ReceiveSettings:
         addresses = [glob.escape(template).replace("{token}", "*")]
     return ReceiveSettings(host.strip("[]"), int(port), tuple(addresses),
                            max_message_size(config),
-                           receive.get("max_connections", 20))
+                           receive.get("max_connections", 20),
+                           max_sessions_per_client=receive.get("max_sessions_per_client", 3),
+                           session_lifetime=parse_duration(receive.get("session_lifetime", "10m")),
+                           max_recipients=receive.get("max_recipients", 100))
 
 
 def start_receiver(config: Config, apply_mail: Callable[..., Any]) -> BounceReceiver:
@@ -93,6 +104,10 @@ class _Handler:
     async def handle_RCPT(self, server: SMTP, session: Session, envelope: Envelope, address: str, options) -> str:
         if not accepts(self._settings.addresses, address):
             return "550 5.1.1 No such recipient here"  # never an open relay
+        given = getattr(session, "senddock_recipients", 0)
+        if given >= self._settings.max_recipients:
+            return "452 4.5.3 Too many recipients in this session"  # RFC 5321 4.5.3.1.10
+        session.senddock_recipients = given + 1
         envelope.rcpt_tos.append(address)
         return "250 2.1.5 OK"
 
@@ -105,41 +120,75 @@ class _Handler:
         try:
             # The database work runs in a thread; the reply waits for its commit.
             outcome = await loop.run_in_executor(self._executor, self._apply, raw, origin, tuple(envelope.rcpt_tos))
-        except Exception as exc:  # noqa: BLE001 - the sender keeps the message and tries again
+        except Exception as exc:  # noqa: BLE001 - said to the sender, in one of two ways
             log.error("bounce_receive_failed", origin=origin, error=f"{type(exc).__name__}: {exc}"[:300])
-            return "451 4.3.0 Not recorded, try again later"
+            if _unreachable(exc):
+                return "451 4.3.0 Not recorded, try again later"  # the sender keeps it and tries again
+            # Whatever else failed would fail again: a 4xx would have the sender retry it for days.
+            return "554 5.6.0 Not recorded: the message cannot be applied"
         if getattr(outcome, "hooks_failed", False):
             # Recorded, but on_bounced failed: only the message arriving again re-runs it.
             return "451 4.3.0 Not applied yet, try again later"
         return f"250 2.0.0 Recorded: {getattr(outcome, 'outcome', 'ok')}"
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """The database (or the network to it) is away for now: the message is worth sending again."""
+    import psycopg
+
+    from senddock.errors import DatabaseError
+
+    return isinstance(exc, (psycopg.OperationalError, DatabaseError, OSError))
+
+
 class _LimitedSMTP(SMTP):
-    """aiosmtpd's session, refused with 421 beyond ``max_connections`` at once."""
+    """aiosmtpd's session, refused with 421 beyond ``max_connections`` at once or beyond
+    ``per_client`` from one address, and ended with 421 after ``lifetime`` seconds."""
 
     active = 0
+    by_client: Counter[str]
     lock = threading.Lock()
     limit = 0
+    per_client = 3
+    lifetime = 600.0
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         cls = type(self)
+        peer = transport.get_extra_info("peername")
+        client = peer[0] if isinstance(peer, tuple) and peer else "?"
         with cls.lock:
-            full = cls.active >= cls.limit
-            if not full:
+            refusal = (b"421 4.3.2 Too many connections, try again later" if cls.active >= cls.limit else
+                       b"421 4.7.0 Too many connections from your address, try again later"
+                       if cls.by_client[client] >= cls.per_client else None)
+            if refusal is None:
                 cls.active += 1
-        if full:
-            transport.write(b"421 4.3.2 Too many connections, try again later\r\n")
+                cls.by_client[client] += 1
+        if refusal is not None:
+            transport.write(refusal + b"\r\n")
             transport.close()
-            self._counted = False
+            self._counted = None
             return
-        self._counted = True
+        self._counted = client
+        # However it keeps busy (NOOP every minute), a session ends: its slot is the others' too.
+        self._lifetime = asyncio.get_running_loop().call_later(cls.lifetime, self._too_long)
         super().connection_made(transport)
 
+    def _too_long(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"421 4.4.2 Session too long, closing\r\n")
+            self.transport.close()
+
     def connection_lost(self, error) -> None:  # type: ignore[override]
-        if getattr(self, "_counted", False):
-            with type(self).lock:
-                type(self).active -= 1
-            self._counted = False
+        client = getattr(self, "_counted", None)
+        if client is not None:
+            self._lifetime.cancel()
+            cls = type(self)
+            with cls.lock:
+                cls.active -= 1
+                cls.by_client[client] -= 1
+                if cls.by_client[client] <= 0:
+                    del cls.by_client[client]
+            self._counted = None
         if getattr(self, "transport", None) is not None:
             super().connection_lost(error)
 
@@ -152,8 +201,9 @@ class BounceReceiver:
         self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="senddock-bounce")
         handler = _Handler(settings, apply, self._executor)
         # A class per server: its count of sessions is its own.
-        smtp_class = type("BounceSMTP", (_LimitedSMTP,), {"active": 0, "lock": threading.Lock(),
-                                                           "limit": settings.max_connections})
+        smtp_class = type("BounceSMTP", (_LimitedSMTP,), {
+            "active": 0, "by_client": Counter(), "lock": threading.Lock(), "limit": settings.max_connections,
+            "per_client": settings.max_sessions_per_client, "lifetime": settings.session_lifetime})
 
         class _Controller(Controller):
             def factory(self):  # noqa: D401 - aiosmtpd's hook

@@ -32,6 +32,12 @@ _OURS = re.compile(
     r"spam|blocked|blacklist|blocklist|spamhaus|policy|reputation|rate limit|too many|"
     r"message (?:size|too (?:big|large))|content|virus|dmarc|spf|dkim|authentication",
     re.IGNORECASE)
+# ...and what says a server gave up on the receiving host, not on the address (a host down for
+# days is RFC 3463's 4.4.7, whatever an old server that writes no status meant by it).
+_GAVE_UP = re.compile(
+    r"not reachable|not responding|no answer from|timed out|time-?out|queue period|delivery time expired|"
+    r"retry time(?:out)? (?:not reached|exceeded)|too long in (?:the )?queue|could not be delivered within",
+    re.IGNORECASE)
 _GENERIC = ("5.0.0", "5.5.0")
 # Status subjects about our message or our sending: X.3.4 too big, X.5 protocol, X.6 content, X.7 policy.
 _OURS_STATUS = re.compile(r"[45]\.(?:3\.4|5\.\d+|6\.\d+|7\.\d+)")
@@ -44,8 +50,14 @@ def status_in(text: str | None) -> str | None:
 
 
 def not_the_address(text: str) -> bool:
-    """Whether a failure's text blames our message, our IP or the mailbox's fullness."""
-    return bool(_FULL.search(text) or _OURS.search(text))
+    """Whether a failure's text blames our message, our IP, the mailbox's fullness or a host
+    that did not answer for days."""
+    return bool(_FULL.search(text) or _OURS.search(text) or gave_up(text))
+
+
+def gave_up(text: str) -> bool:
+    """Whether a failure's text says the receiving host did not answer (for days, typically)."""
+    return bool(_GAVE_UP.search(text))
 
 
 def blames_us(status: str | None, text: str | None) -> bool:

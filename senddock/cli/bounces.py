@@ -100,6 +100,12 @@ def fetch(args: argparse.Namespace, out: Output) -> int:
                         if result is None:
                             break  # stopped while the database was away: the message stays
                         _count(totals, result)
+                        if result.outcome == "unreadable":
+                            where = (f"moved to {settings.unreadable}" if box.set_aside(item.uid)
+                                     else "left in the mailbox")
+                            totals["problems"].append(f"{settings.label}#{item.uid}: unreadable ({result.detail}); "
+                                                      f"{where}")
+                            continue
                         if result.hooks_failed:
                             totals["problems"].append(f"{settings.label}#{item.uid}: on_bounced failed; "
                                                       "it stays in the mailbox for the next fetch")
@@ -149,6 +155,11 @@ def ingest(args: argparse.Namespace, out: Output) -> int:
                 continue
             result = sd.apply_mail(item.raw, via="ingest", origin=item.source)
             _count(totals, result)
+            if result.outcome == "unreadable":
+                # Named, and left where it is (a Maildir's new/) for the operator to look at.
+                totals["problems"].append(f"{item.source}: unreadable ({result.detail}); left where it is")
+                out.problem(f"senddock: {item.source}: unreadable: {result.detail}")
+                continue
             if result.hooks_failed:
                 totals["problems"].append(f"{item.source}: on_bounced failed; ingest it again later")
                 continue

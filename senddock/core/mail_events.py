@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import pluggy
+import psycopg
 import structlog
 from psycopg.rows import dict_row
 
-from senddock.bounces.parsing import ParsedMail
+from senddock.bounces.parsing import ParsedMail, storable
 from senddock.bounces.status import blames_us
 from senddock.config import Config
 from senddock.core.db import Database
@@ -29,7 +30,8 @@ from senddock.outcome import BounceReport, MailReportKind, ProviderEvent, Suppre
 
 log = structlog.get_logger(__name__)
 
-OUTCOMES = ("applied", "ignored", "forged", "unattributed", "unknown_job", "address_mismatch", "too_large")
+OUTCOMES = ("applied", "ignored", "forged", "unattributed", "unknown_job", "address_mismatch", "too_large",
+            "unreadable")
 _BOUNCES = (MailReportKind.HARD, MailReportKind.SOFT, MailReportKind.COMPLAINT)
 
 
@@ -44,20 +46,55 @@ class MailOutcome:
 
 def apply_mail(db: Database, pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList,
                parsed: ParsedMail, *, via: str, origin: str | None) -> MailOutcome:
+    """One message's outcome, recorded (``inbound_mail``). Raises only when the database cannot be
+    reached (psycopg's OperationalError): try the message again later. Anything else it cannot
+    apply (a text the database refuses that the parsers did not clean, a plugin's or senddock's
+    bug) is the counted outcome ``unreadable``, recorded as such and logged once: one message
+    never stops an intake, nor comes back forever."""
+    origin = storable(origin, 500)
+    try:
+        return _apply(db, pm, config, suppressions, parsed, via=via, origin=origin)
+    except psycopg.OperationalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever it is, it is this message's, not the intake's
+        return _unreadable(db, parsed, via, origin, exc)
+
+
+def _apply(db: Database, pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList,
+           parsed: ParsedMail, *, via: str, origin: str | None) -> MailOutcome:
     with db.connection() as conn:
         replayed = conn.execute(query("inbound_mail_seen"), {"mail_key": parsed.key}).fetchone() is not None
     result = _outcome(db, pm, config, suppressions, parsed, replayed)
     job, report = parsed.match.job, parsed.report
-    with db.connection() as conn:
-        conn.execute(query("inbound_mail_record"), {
-            "mail_key": parsed.key, "via": via, "origin": origin, "kind": report.kind.value,
-            "outcome": result.outcome, "job_id": job and job.job_id, "broadcast_id": job and job.broadcast_id,
-            "recipients": list(report.recipients[:100]), "status": report.status,
-            "reason": (report.reason or "")[:2000].replace("\x00", "") or None, "size": parsed.size})
+    _record(db, parsed, via, origin, result.outcome, job, report.recipients, report.status, report.reason)
     log.info("bounce_mail", via=via, origin=origin, kind=report.kind.value, outcome=result.outcome,
              replayed=result.replayed or None, suppressed=result.suppressed or None,
              job_id=job and job.job_id, status=report.status, detail=result.detail)
     return result
+
+
+def _unreadable(db: Database, parsed: ParsedMail, via: str, origin: str | None, exc: Exception) -> MailOutcome:
+    """Recorded with nothing of its content but its key and size (that may be what failed)."""
+    error = storable(f"{type(exc).__name__}: {exc}", 300)
+    log.warning("bounce_unreadable", via=via, origin=origin, error=error,
+                meaning="this message could not be applied: counted as unreadable, not tried again")
+    try:
+        _record(db, parsed, via, origin, "unreadable", None, (), None, error)
+    except psycopg.OperationalError:
+        raise
+    except Exception as again:  # noqa: BLE001 - said once; the outcome stands
+        log.error("bounce_unreadable_not_recorded", origin=origin, error=storable(repr(again), 300))
+    return MailOutcome("unreadable", detail=error)
+
+
+def _record(db: Database, parsed: ParsedMail, via: str, origin: str | None, outcome: str, job,
+            recipients, status: str | None, reason: str | None) -> None:
+    with db.connection() as conn:
+        conn.execute(query("inbound_mail_record"), {
+            "mail_key": parsed.key, "via": via, "origin": origin, "kind": parsed.report.kind.value,
+            "outcome": outcome, "job_id": job and job.job_id, "broadcast_id": job and job.broadcast_id,
+            "recipients": list(recipients[:100]), "status": status, "reason": storable(reason) or None,
+            "size": parsed.size})
 
 
 def _outcome(db: Database, pm: pluggy.PluginManager, config: Config, suppressions: SuppressionList,

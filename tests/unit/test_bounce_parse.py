@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import mailbox
 import os
+from pathlib import Path
 
 import pytest
 import structlog
@@ -134,3 +135,33 @@ def test_an_unreadable_path_is_named_and_exits_1(parse, tmp_path):
     code, lines, err = parse(tmp_path / "nope.eml", tmp_path / "ok.eml")
     assert code == 1 and len(lines) == 1
     assert f"{tmp_path / 'nope.eml'}: no such file or folder" in err
+
+
+def test_a_server_that_gave_up_on_the_host_is_no_dead_address(parse, tmp_path):
+    """Netscape's report of a host that did not answer for two days names the recipient but
+    no status: soft (like a DSN's 4.4.7), while the same report of an unknown address is hard."""
+    unknown = (Path(__file__).parents[1] / "bounce_samples" / "netscape_report_no_recipient_block.eml").read_text()
+    unreachable = unknown.replace(
+        "The following destination addresses were unknown (please check\nthe addresses and re-mail the message):",
+        "Your message was not delivered because the destination computer was\nnot reachable within the "
+        "allowed queue period.\n\nThe following recipients did not receive your message:")
+    assert unreachable != unknown
+    (tmp_path / "unknown.eml").write_text(unknown)
+    (tmp_path / "unreachable.eml").write_text(unreachable)
+    _, lines, _ = parse(tmp_path / "unknown.eml", tmp_path / "unreachable.eml")
+    assert [(line["kind"], line["recipients"]) for line in lines] == [
+        ("hard", ["pat.lee@mail.example.ca"]), ("soft", ["pat.lee@mail.example.ca"])]
+
+
+@pytest.mark.parametrize("status, expected", [
+    ("5.1.1", ("hard", "5.1.1")),
+    ("5.1.1 (user unknown)", ("hard", "5.1.1")),
+    ("550 No such user", ("hard", "5.0.0")),
+    ("452 Too many recipients", ("soft", "4.0.0")),
+    ("553 Exceeded maximum inbound message size", ("soft", "5.0.0")),
+])
+def test_a_status_field_holding_an_smtp_reply_counts_by_its_class(parse, tmp_path, status, expected):
+    (tmp_path / "dsn.eml").write_bytes(dsn(["someone@example.org"], status=status).replace(
+        b"Diagnostic-Code: smtp; 550 " + status.encode() + b" user unknown\n", b""))
+    _, [line], _ = parse(tmp_path / "dsn.eml")
+    assert (line["kind"], line["status"]) == expected
