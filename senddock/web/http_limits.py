@@ -8,17 +8,25 @@ so a client that sends much, or sends slowly, is refused before it costs anythin
   counted as it streams and refused the moment it passes the cap; a body that takes longer than
   ``serve.body_timeout`` to arrive is answered 408. Both close the connection, so the rest of the
   body is never read.
-* :func:`head_deadline_protocol`: uvicorn's h11 protocol with a deadline for the request line and
+* :func:`limited_protocol`: uvicorn's h11 protocol with a deadline for the request line and
   headers (``serve.header_timeout``). uvicorn has none: a client sending one header byte a second
   (slowloris) would hold its connection, and a slot of ``max_connections``, forever.
-* :meth:`HttpLimits.uvicorn_options`: ``limit_concurrency``, the keep-alive timeout and h11's
-  buffer for an unfinished head (16 KiB) for uvicorn.
+* The same protocol counts connections per client address: past ``serve.max_connections_per_client``
+  a client's next one is answered 503 and closed before uvicorn counts it, so one client never
+  holds every one of ``max_connections`` (300 silent connections from one address made every
+  other request a 503, /healthz included). A trusted proxy carries many clients and is not counted.
+* :meth:`HttpLimits.uvicorn_options`: ``limit_concurrency``, the keep-alive timeout, h11's buffer
+  for an unfinished head (16 KiB), and whose X-Forwarded-* headers uvicorn believes:
+  ``serve.trusted_proxies``' alone (uvicorn's own default believes 127.0.0.1, and behind a
+  same-host proxy that does not send them every client was 127.0.0.1).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import ipaddress
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +52,8 @@ class HttpLimits:
     header_timeout: float
     max_connections: int
     keep_alive_timeout: float
+    max_connections_per_client: int = 20
+    trusted_proxies: tuple[str, ...] = ()
 
     @classmethod
     def from_settings(cls, serve: Mapping[str, Any]) -> HttpLimits:
@@ -54,16 +64,38 @@ class HttpLimits:
             header_timeout=parse_duration(serve["header_timeout"]),
             max_connections=serve["max_connections"],
             keep_alive_timeout=parse_duration(serve["keep_alive_timeout"]),
+            max_connections_per_client=serve.get("max_connections_per_client", 20),
+            trusted_proxies=tuple(serve.get("trusted_proxies", ())),
         )
 
     def uvicorn_options(self) -> dict[str, Any]:
         return {
-            "http": head_deadline_protocol(self.header_timeout),
+            "http": limited_protocol(self.header_timeout, self.max_connections_per_client,
+                                     trusted(self.trusted_proxies)),
             # uvicorn counts the connection asking too: with limit N it serves N - 1 at once.
             "limit_concurrency": self.max_connections + 1,
             "timeout_keep_alive": self.keep_alive_timeout,
             "h11_max_incomplete_event_size": MAX_HEAD,
+            # Forwarded headers believed from the configured proxies only, none by default.
+            "proxy_headers": bool(self.trusted_proxies),
+            "forwarded_allow_ips": list(self.trusted_proxies) or None,
         }
+
+
+def trusted(networks: tuple[str, ...]) -> Callable[[str | None], bool]:
+    """Whether an address is one of ``networks`` (``serve.trusted_proxies``: validated)."""
+    parsed = [ipaddress.ip_network(n, strict=False) for n in networks]
+
+    def contains(address: str | None) -> bool:
+        if not parsed or not address:
+            return False
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in parsed)
+
+    return contains
 
 
 class _Refused(Exception):
@@ -161,18 +193,41 @@ def _framing(scope: Mapping[str, Any]) -> tuple[int | None, bool]:
     return declared, chunked
 
 
-def head_deadline_protocol(timeout: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol, closing a connection whose request head takes over ``timeout`` seconds.
+_TOO_MANY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 48\r\n"
+             b"Connection: close\r\nRetry-After: 5\r\n\r\ntoo many connections from this address at once\r\n")
 
-    The clock starts when the connection opens, and on a kept-alive connection at the first byte
-    of the next request (an idle one is uvicorn's keep-alive timeout's to close). It stops when h11
-    has the whole head; the body is :class:`BodyLimit`'s.
+
+def limited_protocol(timeout: float, per_client: int,
+                     is_proxy: Callable[[str | None], bool] = lambda address: False) -> type[H11Protocol]:
+    """uvicorn's h11 protocol, closing a connection whose request head takes over ``timeout``
+    seconds, and refusing one client address more than ``per_client`` connections at once
+    (``is_proxy``: addresses not counted).
+
+    The head's clock starts when the connection opens, and on a kept-alive connection at the first
+    byte of the next request (an idle one is uvicorn's keep-alive timeout's to close). It stops
+    when h11 has the whole head; the body is :class:`BodyLimit`'s.
     """
+    open_by_client: Counter[str] = Counter()  # one event loop: no lock needed
 
-    class HeadDeadlineProtocol(H11Protocol):
+    class LimitedProtocol(H11Protocol):
         _head_deadline: asyncio.TimerHandle | None = None
+        _client: str | None = None
+        _refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            peer = transport.get_extra_info("peername")
+            client = peer[0] if isinstance(peer, tuple) and peer else None
+            if client is not None and not is_proxy(client):
+                if open_by_client[client] >= per_client:
+                    # Before uvicorn counts it: the refusal costs none of max_connections.
+                    log.warning("connection_refused", client=client, reason="max_connections_per_client",
+                                limit=per_client)
+                    transport.write(_TOO_MANY)
+                    transport.close()
+                    self._refused = True
+                    return
+                open_by_client[client] += 1
+                self._client = client
             super().connection_made(transport)
             self._arm()
 
@@ -184,6 +239,13 @@ def head_deadline_protocol(timeout: float) -> type[H11Protocol]:
                 self._disarm()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            if self._refused:
+                return  # refused in connection_made: uvicorn never knew it
+            if self._client is not None:
+                open_by_client[self._client] -= 1
+                if open_by_client[self._client] <= 0:
+                    del open_by_client[self._client]
+                self._client = None
             self._disarm()
             super().connection_lost(exc)
 
@@ -201,4 +263,4 @@ def head_deadline_protocol(timeout: float) -> type[H11Protocol]:
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
 
-    return HeadDeadlineProtocol
+    return LimitedProtocol

@@ -125,21 +125,42 @@ def test_the_throttle_refuses_after_five_failures_per_client_until_the_window_pa
     clock = Clock()
     throttle = LoginThrottle(per_client=5, per_user=20, window=300, clock=clock)
     for _ in range(5):
-        assert throttle.wait("10.0.0.1", "admin") == 0
-        throttle.failed("10.0.0.1", "admin")
-    assert throttle.wait("10.0.0.1", "admin") == pytest.approx(300)
-    assert throttle.wait("10.0.0.2", "admin") == 0  # another address may still try
+        assert throttle.reserve("10.0.0.1", "admin")[0] == 0  # each attempt counted before its check
+    assert throttle.reserve("10.0.0.1", "admin")[0] == pytest.approx(300)
+    wait, mark = throttle.reserve("10.0.0.2", "admin")  # another address may still try...
+    assert wait == 0
+    throttle.succeeded("10.0.0.2", "admin", mark)  # ...and a right password is no failure
     clock.now += 301
-    assert throttle.wait("10.0.0.1", "admin") == 0
+    assert throttle.reserve("10.0.0.1", "admin")[0] == 0
 
 
 def test_the_throttle_caps_one_user_name_across_addresses():
     clock = Clock()
     throttle = LoginThrottle(per_client=5, per_user=20, window=300, clock=clock)
     for i in range(20):
-        throttle.failed(f"10.0.0.{i}", "admin")
-    assert throttle.wait("10.9.9.9", "admin") > 0
-    assert throttle.wait("10.9.9.9", "someone") == 0
+        throttle.reserve(f"10.0.0.{i}", "admin")
+    assert throttle.reserve("10.9.9.9", "admin")[0] > 0
+    assert throttle.reserve("10.9.9.9", "someone")[0] == 0
+
+
+def test_attempts_arriving_at_once_are_counted_before_any_is_checked():
+    """40 tries at once from one address against a limit of 5: 5 are checked, 35 refused."""
+    import threading
+
+    throttle = LoginThrottle(per_client=5, per_user=20, window=300)
+    barrier, allowed = threading.Barrier(40), []
+
+    def attempt() -> None:
+        barrier.wait()
+        wait, _ = throttle.reserve("10.0.0.1", "admin")
+        allowed.append(wait == 0)
+
+    threads = [threading.Thread(target=attempt) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert allowed.count(True) == 5
 
 
 def test_on_a_terminal_the_password_is_asked_twice_and_never_echoed():

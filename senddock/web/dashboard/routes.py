@@ -39,7 +39,7 @@ from senddock.web.dashboard.passwords import MAX_PASSWORD_LENGTH, verify_passwor
 from senddock.web.dashboard.security import (CSRF_FIELD, PATH, clear_session, cross_site, csrf_ok, secure_headers,
                                              set_session)
 from senddock.web.dashboard.sessions import COOKIE, Session, SessionCookies
-from senddock.web.dashboard.throttle import LoginThrottle
+from senddock.web.dashboard.throttle import LoginThrottle, Verifications
 from senddock.wording import plural
 
 log = structlog.get_logger(__name__)
@@ -66,6 +66,7 @@ class Dashboard:
         self.cookies = SessionCookies(password_hash=self.password_hash, secret=admin.get("session_secret"),
                                       lifetime=parse_duration(admin["session_lifetime"]))
         self.throttle = LoginThrottle()
+        self.verifications = Verifications(admin.get("max_verifying", 2))
         self.templates = Environment(loader=PackageLoader("senddock.web.dashboard", "templates"),
                                      autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
         self.templates.globals.update(csrf_field=CSRF_FIELD, charts=charts, complaint_limit=COMPLAINT_RATE_LIMIT,
@@ -114,6 +115,10 @@ class Dashboard:
                 refused = await self.refused_post(request, session)
                 if refused is not None:
                     return refused
+            if _unreadable_query(request):
+                # A NUL in ?email= reached the database and was a 500 with a traceback.
+                return self.message(request, "Bad request", "The address holds characters no search can contain.",
+                                    400, session)
             try:
                 return await handler(request, session)
             except NotFound as exc:
@@ -173,21 +178,27 @@ class Dashboard:
             return refused
         form = request.state.form
         client, user, password = _client(request), str(form.get("username", "")), form.get("password", "")
-        wait = self.throttle.wait(client, user)
-        if wait > 0:
-            log.warning("dashboard_login_throttled", client=client, retry_in=round(wait))
-            return self.login_page(request, session, f"Too many failed logins: try again in {int(wait) + 1}s.", 429,
-                                   {"Retry-After": str(int(wait) + 1)})
-        known = hmac.compare_digest(user.encode(), self.username.encode())
-        # The password is checked even for an unknown user name: both take the same time.
-        ok = isinstance(password, str) and len(password) <= MAX_PASSWORD_LENGTH and await run_in_threadpool(
-            verify_password, self.password_hash, password) and known
+        if not self.verifications.try_start():
+            log.warning("dashboard_login_busy", client=client, checking=self.verifications.limit)
+            return self.login_page(request, session, "Too many logins at once: try again in a moment.", 503,
+                                   {"Retry-After": "1"})
+        try:
+            wait, mark = self.throttle.reserve(client, user)  # counted before the check, not after
+            if wait > 0:
+                log.warning("dashboard_login_throttled", client=client, retry_in=round(wait))
+                return self.login_page(request, session, f"Too many failed logins: try again in {int(wait) + 1}s.",
+                                       429, {"Retry-After": str(int(wait) + 1)})
+            known = hmac.compare_digest(user.encode(), self.username.encode())
+            # The password is checked even for an unknown user name: both take the same time.
+            ok = isinstance(password, str) and len(password) <= MAX_PASSWORD_LENGTH and await run_in_threadpool(
+                verify_password, self.password_hash, password) and known
+        finally:
+            self.verifications.done()
         if not ok:
-            self.throttle.failed(client, user)
             # A mistyped user name may be the password: only the configured one is logged.
             log.warning("dashboard_login_failed", client=client, user=user if known else None, user_known=known)
             return self.login_page(request, session, "Wrong user name or password.", 401)
-        self.throttle.succeeded(client)
+        self.throttle.succeeded(client, user, mark)
         log.info("dashboard_login", user=user, client=client)
         response = secure_headers(RedirectResponse(_local_next(form.get("next")) or f"{PATH}/", 303))
         set_session(response, request, self.cookies, self.cookies.new(user))
@@ -258,6 +269,11 @@ def _act(db: Database, user: str, action: str, campaign_id: int) -> dict[str, An
 
 def _utc(moment: datetime, form: str = "%Y-%m-%d %H:%M:%S") -> str:
     return moment.astimezone(timezone.utc).strftime(form)
+
+
+def _unreadable_query(request: Request) -> bool:
+    """A query parameter with a control character (a NUL first of all: Postgres text refuses it)."""
+    return any(any(ord(c) < 32 or ord(c) == 127 for c in value) for _, value in request.query_params.multi_items())
 
 
 def _client(request: Request) -> str:
