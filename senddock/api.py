@@ -181,8 +181,13 @@ class Senddock:
                 html_body=html_body,
                 rate=rate,
                 burst=burst,
-                unsubscribe_configured=self._unsubscribe_configured(),
+                unsubscribe_configured=self._unsubscribe_configured(), limits=self._render_limits(),
             )
+
+    def _render_limits(self):
+        from senddock.mail.template_limits import render_limits
+
+        return render_limits(self.config.section("templates"))
 
     def _unsubscribe_configured(self) -> bool:
         from senddock.mail.compose import UnsubscribeSettings
@@ -196,6 +201,7 @@ class Senddock:
         A campaign that was sent or scheduled raises InvalidState (clone it instead)."""
         with self._conn() as conn:
             return drafts.edit_campaign(conn, campaign_id, unsubscribe_configured=self._unsubscribe_configured(),
+                                        limits=self._render_limits(),
                                         **changes)
 
     def clone_campaign(self, campaign_id: int, *, name: str | None = None) -> int:
@@ -242,7 +248,8 @@ class Senddock:
             _check_stored_addresses(content, prefix=f"campaign {campaign_id} not sent")
             try:
                 analysis = campaigns.check_content(content.subject, content.text_body, content.html_body,
-                                                   unsubscribe_configured=self._unsubscribe_configured())
+                                                   unsubscribe_configured=self._unsubscribe_configured(),
+                                                   limits=self._render_limits())
             except InvalidInput as exc:
                 raise InvalidInput(f"campaign {campaign_id} not sent: {exc}") from None
             # Every recipient, set-based: an attribute the templates need and someone lacks.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 MASK = "***"
 
@@ -89,16 +89,29 @@ def dsn_secrets(dsn: str | None) -> set[str]:
 
 
 def redact(value: Any, key: str = "") -> Any:
-    """A copy of a config value with secret-named keys masked and passwords cut out of DSNs/URLs."""
+    """A copy of a config value with secret-named keys masked, passwords cut out of DSNs/URLs, and
+    the query string of a ``url`` masked (a receiver's token often rides there: ``?sig=...``)."""
     if isinstance(value, Mapping):
         return {k: redact(v, str(k)) for k, v in value.items()}
     if isinstance(value, list):
         return [redact(v, key) for v in value]
     if key and is_secret_key(key) and value not in (None, ""):
         return MASK
+    if isinstance(value, str) and key == "url":
+        return shown_url(value)
     if isinstance(value, str):
         return redact_dsn(value)
     return value
+
+
+def shown_url(url: str) -> str:
+    """A URL as printed and logged: its password and its query string masked."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = (user.split(":", 1)[0] + f":{MASK}@" if ":" in user else user + "@") + host
+    return urlunsplit((parts.scheme, netloc, parts.path, MASK if parts.query else "", ""))
 
 
 def _mask_match(m: re.Match[str]) -> str:

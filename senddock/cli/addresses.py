@@ -8,6 +8,7 @@ import sys
 
 from senddock.cli.commands import open_senddock
 from senddock.cli.output import Output, plural, table
+from senddock.csv_cells import csv_row
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
 from senddock.mail.addresses import check_address
@@ -152,7 +153,7 @@ def suppressions_export(args: argparse.Namespace, out: Output) -> int:
         writer = csv.writer(stream)
         writer.writerow(EXPORT_COLUMNS)
         for row in rows:
-            writer.writerow([row[c] for c in EXPORT_COLUMNS])
+            writer.writerow(csv_row(row[c] for c in EXPORT_COLUMNS))
     finally:
         if stream is not sys.stdout:
             stream.close()

@@ -15,6 +15,7 @@ from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
 from senddock.mail.addresses import check_mailbox
+from senddock.mail.template_limits import DEFAULT_LIMITS, RenderLimits
 from senddock.pacing.rates import campaign_rate_view
 from senddock.wording import is_status
 
@@ -157,8 +158,8 @@ class CampaignDraft:
     send_rate: str | None = None  # stored form, from send_rate_text
 
 
-def check_draft(conn: psycopg.Connection, draft: CampaignDraft, *,
-                unsubscribe_configured: bool) -> tuple[CampaignDraft, list[int]]:
+def check_draft(conn: psycopg.Connection, draft: CampaignDraft, *, unsubscribe_configured: bool,
+                limits: RenderLimits = DEFAULT_LIMITS) -> tuple[CampaignDraft, list[int]]:
     """Every check a campaign's content must pass, the same at create and at edit: one function,
     so a check added here holds for both. Returns the draft normalised (name trimmed, addresses as
     they will be stored) and the ids of its lists; raises InvalidInput / NotFound naming the option.
@@ -173,7 +174,8 @@ def check_draft(conn: psycopg.Connection, draft: CampaignDraft, *,
         raise InvalidInput("a campaign needs a body: give --text FILE and/or --html FILE")
     from_addr = check_mailbox(draft.from_addr, what="--from")
     reply_to = check_mailbox(draft.reply_to, what="--reply-to") if draft.reply_to else None
-    check_content(draft.subject, draft.text_body, draft.html_body, unsubscribe_configured=unsubscribe_configured)
+    check_content(draft.subject, draft.text_body, draft.html_body, unsubscribe_configured=unsubscribe_configured,
+                  limits=limits)
     list_ids = [get_list(conn, list_name).id for list_name in draft.lists]
     return replace(draft, name=draft.name.strip(), from_addr=from_addr, reply_to=reply_to,
                    lists=tuple(dict.fromkeys(draft.lists))), list_ids
@@ -192,15 +194,17 @@ def create_campaign(
     rate: str | None = None,
     burst: int | None = None,
     unsubscribe_configured: bool = False,
+    limits: RenderLimits = DEFAULT_LIMITS,
 ) -> int:
     """``unsubscribe_configured``: the config has an unsubscribe link to offer (see check_content).
-    ``rate`` (``100/min``) with its ``burst``: the campaign's own limit (see send_rate_text)."""
+    ``rate`` (``100/min``) with its ``burst``: the campaign's own limit (see send_rate_text).
+    ``limits``: what one render may cost (the config's ``templates``)."""
     send_rate = send_rate_text(rate, burst)  # before anything is written: a bad rate creates nothing
     with conn.transaction():
         draft, list_ids = check_draft(conn, CampaignDraft(
             name=name, lists=tuple(lists), subject=subject, from_addr=from_addr, reply_to=reply_to,
             text_body=text_body, html_body=html_body, send_rate=send_rate),
-            unsubscribe_configured=unsubscribe_configured)
+            unsubscribe_configured=unsubscribe_configured, limits=limits)
         campaign_id = conn.execute(
             query("campaign_create"),
             {
@@ -219,7 +223,7 @@ def create_campaign(
 
 
 def check_content(subject: str, text_body: str | None, html_body: str | None, *,
-                  unsubscribe_configured: bool) -> Analysis:
+                  unsubscribe_configured: bool, limits: RenderLimits = DEFAULT_LIMITS) -> Analysis:
     """Refuse templates that cannot render for anyone: a syntax error, or a variable that never
     exists (``{{ name }}`` for ``{{ subscriber.name }}``), each named with its option and line.
     Returns what the templates read (the attributes every recipient must have: see send).
@@ -227,10 +231,10 @@ def check_content(subject: str, text_body: str | None, html_body: str | None, *,
     ``unsubscribe_configured``: whether ``unsubscribe_url`` exists (an ``unsubscribe`` section with a
     secret and a url or mailto); a template using it is refused without one.
     """
-    from senddock.mail.templates import CampaignTemplates, TemplateError, analyse, variable_list
+    from senddock.mail.templates import CampaignTemplates, TemplateError, analyse, trial_render, variable_list
 
     try:
-        CampaignTemplates.compile(subject, text_body, html_body)
+        trial_render(CampaignTemplates.compile(subject, text_body, html_body, limits=limits), unsubscribe_configured)
     except TemplateError as exc:
         line = f"line {exc.line}: " if exc.line else ""
         raise InvalidInput(f"{_TEMPLATE_OPTION[exc.field]}: template error, {line}{exc.detail}") from None

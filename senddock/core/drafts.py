@@ -14,6 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from senddock.core import campaigns
+from senddock.mail.template_limits import DEFAULT_LIMITS, RenderLimits
 from senddock.core.campaign_rate import send_rate_text
 from senddock.core.campaigns import Campaign, CampaignDraft, get_campaign
 from senddock.core.queries import query
@@ -65,7 +66,8 @@ def _draft_of(campaign: Campaign) -> CampaignDraft:
 
 
 def edit_campaign(conn: psycopg.Connection, campaign_id: int, *, unsubscribe_configured: bool = False,
-                  burst: int | None = None, **changes: str | Sequence[str] | None) -> Edited:
+                  burst: int | None = None, limits: RenderLimits = DEFAULT_LIMITS,
+                  **changes: str | Sequence[str] | None) -> Edited:
     """Change a draft's content (keys of EDITABLE; ``reply_to=""`` removes the Reply-To,
     ``rate="none"`` its own rate; ``burst`` goes with ``rate``). The content as it would be after
     the edit goes through the same checks as `campaign create` (``unsubscribe_configured``: whether
@@ -86,7 +88,7 @@ def edit_campaign(conn: psycopg.Connection, campaign_id: int, *, unsubscribe_con
         wanted = {_DRAFT_FIELD[k]: (tuple(v) if k == "lists" else v) for k, v in changes.items()}
         # campaigns.check_draft, looked up at call time: create's own checks, whatever they become.
         after, list_ids = campaigns.check_draft(conn, replace(before, **wanted),
-                                                unsubscribe_configured=unsubscribe_configured)
+                                                unsubscribe_configured=unsubscribe_configured, limits=limits)
         changed = [k for k in EDITABLE if getattr(after, _DRAFT_FIELD[k]) != getattr(before, _DRAFT_FIELD[k])]
         if "lists" in changed and sorted(after.lists) == sorted(before.lists):
             changed.remove("lists")  # the same lists in another order

@@ -18,6 +18,7 @@ from senddock.errors import InvalidInput
 from senddock.mail import headertext, mime, unsubscribe, verp
 from senddock.mail.addresses import stored_mailbox_problem
 from senddock.mail.signing import signer_from_config
+from senddock.mail.template_limits import render_limits
 from senddock.mail.templates import CampaignTemplates, TemplateError, context_for
 from senddock.outcome import CampaignContent, Message, MessageSigner, Recipient
 
@@ -75,6 +76,7 @@ class Composer:
         self._bounce_secret = next(iter(verp.secrets_of(config.section("bounces").get("secret"))), None)
         self._prepared: dict[int, PreparedCampaign] = {}
         self._lock = threading.Lock()
+        self.render_limits = render_limits(config.section("templates"))
 
     def prepare(self, content: CampaignContent) -> PreparedCampaign:
         """Compile a campaign's templates (raises TemplateError); cached per campaign."""
@@ -88,7 +90,8 @@ class Composer:
                     raise TemplateError(field, f"the campaign's {header} {value!r} is not usable: {problem}")
             prepared = PreparedCampaign(
                 content=content,
-                templates=CampaignTemplates.compile(content.subject, content.text_body, content.html_body),
+                templates=CampaignTemplates.compile(content.subject, content.text_body, content.html_body,
+                                                    limits=self.render_limits),
                 # Parsed once per campaign: address parsing costs more than the rest of a Message.
                 domain=(domain := mime.sender_domain(content.from_addr)),
                 # RFC 2919: one id per list, stable across campaigns, so receivers can group and filter.

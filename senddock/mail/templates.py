@@ -16,9 +16,9 @@ from functools import cache
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from senddock.mail import headertext
+from senddock.mail.template_limits import DEFAULT_LIMITS, BoundedEnvironment, RenderLimits, TemplateLimit, render_within
 from senddock.mail.template_uses import uses
 from senddock.mail.template_variables import FIELDS as _FIELDS
 from senddock.mail.template_variables import UNSUBSCRIBE_HINT
@@ -27,12 +27,13 @@ from senddock.outcome import CampaignContent, Recipient, RenderedContent
 
 
 class TemplateError(Exception):
-    """A template that cannot be compiled or rendered; the message names the field and line."""
+    """A template that cannot be compiled or rendered; the message names the field and line.
+    ``limit``: its render went past ``templates.max_size`` or ``max_render_time``."""
 
-    def __init__(self, field: str, message: str, line: int | None = None) -> None:
+    def __init__(self, field: str, message: str, line: int | None = None, *, limit: bool = False) -> None:
         where = f"{field}, line {line}" if line else field
         super().__init__(f"{where}: {message}")
-        self.field, self.line, self.detail = field, line, message
+        self.field, self.line, self.detail, self.limit = field, line, message, limit
 
 
 class _MissingValue(jinja2.UndefinedError):
@@ -57,7 +58,7 @@ class _Undefined(jinja2.StrictUndefined):
 
 @cache
 def _environment(autoescape: bool) -> jinja2.Environment:
-    return ImmutableSandboxedEnvironment(undefined=_Undefined, autoescape=autoescape, keep_trailing_newline=True)
+    return BoundedEnvironment(undefined=_Undefined, autoescape=autoescape, keep_trailing_newline=True)
 
 
 @dataclass(frozen=True)
@@ -67,24 +68,28 @@ class CampaignTemplates:
     subject: jinja2.Template | _Constant
     text_body: jinja2.Template | _Constant | None
     html_body: jinja2.Template | _Constant | None
+    limits: RenderLimits = DEFAULT_LIMITS  # what one part's render may cost (templates section)
 
     @classmethod
-    def compile(cls, subject: str, text_body: str | None, html_body: str | None) -> CampaignTemplates:
+    def compile(cls, subject: str, text_body: str | None, html_body: str | None, *,
+                limits: RenderLimits = DEFAULT_LIMITS) -> CampaignTemplates:
         """Raise :class:`TemplateError` naming the field and line of the first syntax error."""
         return cls(
             subject=_compile("subject", subject, autoescape=False),
             text_body=_compile("text", text_body, autoescape=False) if text_body is not None else None,
             html_body=_compile("html", html_body, autoescape=True) if html_body is not None else None,
+            limits=limits,
         )
 
     def render(self, context: Mapping[str, Any]) -> RenderedContent:
-        """Raise :class:`TemplateError` when the recipient's data does not fit the template."""
-        subject = _render("subject", self.subject, context)
+        """Raise :class:`TemplateError` when the recipient's data does not fit the template (or a
+        part's render goes past its limits)."""
+        subject = _render("subject", self.subject, context, self.limits)
         # A header is one line: a newline from a subscriber's data would end it, and a control
         # character (NUL, BEL...) would go into the message raw.
         subject = headertext.one_line(subject)
-        html = _render("html", self.html_body, context) if self.html_body else None
-        text = _render("text", self.text_body, context) if self.text_body else None
+        html = _render("html", self.html_body, context, self.limits) if self.html_body else None
+        text = _render("text", self.text_body, context, self.limits) if self.text_body else None
         if text is None and html is not None:
             text = html_to_text(html)
         return RenderedContent(subject=subject, text_body=text, html_body=html)
@@ -132,14 +137,19 @@ def _compile(field: str, source: str, *, autoescape: bool) -> jinja2.Template | 
         raise TemplateError(field, exc.message or "syntax error", exc.lineno) from None
 
 
-def _render(field: str, template: jinja2.Template | _Constant, context: Mapping[str, Any]) -> str:
-    try:
+def _render(field: str, template: jinja2.Template | _Constant, context: Mapping[str, Any],
+            limits: RenderLimits = DEFAULT_LIMITS) -> str:
+    if isinstance(template, _Constant):
         return template.render(context)
+    try:
+        return render_within(template, context, limits)
     except jinja2.UndefinedError as exc:
         message = _missing_attribute(exc, context) or exc.message or "undefined variable"
         if message == "'unsubscribe_url' is undefined":
             message += f" ({UNSUBSCRIBE_HINT})"
         raise TemplateError(field, message, _line(exc)) from None
+    except TemplateLimit as exc:
+        raise TemplateError(field, str(exc), _line(exc), limit=True) from None
     except jinja2.TemplateError as exc:  # sandbox refusals and the rest
         raise TemplateError(field, str(exc), _line(exc)) from None
     except Exception as exc:  # a filter on the wrong type, a division by zero in the data...
@@ -262,3 +272,20 @@ def _required_attribute(use) -> str | None:
     if use.attr[2] and hasattr(dict, path[2]):  # `.items`, `.get`...: the dict's method, not a key
         return None
     return path[2]
+
+
+def trial_render(templates: CampaignTemplates, unsubscribe_configured: bool) -> None:
+    """Render once for a made-up subscriber with no attributes, for what only a render shows: a
+    template that goes past its limits whoever it is for (raises that TemplateError). Whatever a
+    real subscriber's data would change (a missing attribute) is the send's check, not this."""
+    context: dict[str, Any] = {
+        "subscriber": {"email": "someone@example.com", "name": "Someone", "attributes": {}},
+        "campaign": {"id": 0, "name": "trial", "from": "someone@example.com"},
+    }
+    if unsubscribe_configured:
+        context["unsubscribe_url"] = "https://example.com/unsubscribe/trial"
+    try:
+        templates.render(context)
+    except TemplateError as exc:
+        if exc.limit:
+            raise

@@ -53,6 +53,9 @@ def read_token(secret: str, token: str) -> UnsubscribeToken:
         payload, mac = _unb64(payload_part), _unb64(mac_part)
     except ValueError:  # wrong shape, bad base64 (binascii.Error is a ValueError)
         raise BadToken("malformed token") from None
+    if _b64(payload) != payload_part or _b64(mac) != mac_part:
+        # The same bytes written another way (padding bits set, "=" kept): one token, one spelling.
+        raise BadToken("malformed token: not its canonical form")
     if not hmac.compare_digest(mac, _mac(secret, payload)):
         raise BadToken("the token's signature does not match")
     subscriber, _, campaign = payload.decode("ascii").partition(".")

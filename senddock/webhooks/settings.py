@@ -9,9 +9,10 @@ import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from senddock.durations import parse_duration
+from senddock.redact import shown_url
 
 # What an operator subscribes to -> the event's type in the payload (dotted, as the Standard
 # Webhooks spec recommends: grouped by what the event is about).
@@ -74,17 +75,6 @@ NO_WEBHOOKS = Subscriptions()
 def endpoint_id(url: str) -> str:
     """Stable across nodes and restarts, and no secret (a URL may carry a token)."""
     return hashlib.sha256(url.encode()).hexdigest()[:16]
-
-
-def shown_url(url: str) -> str:
-    """The URL as printed and logged: a password and the query string masked (receivers often
-    put a token there)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:
-        user, _, host = netloc.rpartition("@")
-        netloc = (user.split(":", 1)[0] + ":***@" if ":" in user else user + "@") + host
-    return urlunsplit((parts.scheme, netloc, parts.path, "***" if parts.query else "", ""))
 
 
 def decode_secret(secret: str) -> bytes:
