@@ -185,7 +185,7 @@ class Senddock:
             )
 
     def _render_limits(self):
-        from senddock.mail.template_limits import render_limits
+        from senddock.mail.render_limits import render_limits
 
         return render_limits(self.config.section("templates"))
 

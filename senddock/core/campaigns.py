@@ -15,7 +15,7 @@ from senddock.core.lists import get_list
 from senddock.core.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
 from senddock.mail.addresses import check_mailbox
-from senddock.mail.template_limits import DEFAULT_LIMITS, RenderLimits
+from senddock.mail.render_limits import DEFAULT_LIMITS, RenderLimits
 from senddock.pacing.rates import campaign_rate_view
 from senddock.wording import is_status
 

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from senddock.core import campaigns
-from senddock.mail.template_limits import DEFAULT_LIMITS, RenderLimits
+from senddock.mail.render_limits import DEFAULT_LIMITS, RenderLimits
 from senddock.core.campaign_rate import send_rate_text
 from senddock.core.campaigns import Campaign, CampaignDraft, get_campaign
 from senddock.core.queries import query

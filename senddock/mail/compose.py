@@ -18,7 +18,7 @@ from senddock.errors import InvalidInput
 from senddock.mail import headertext, mime, unsubscribe, verp
 from senddock.mail.addresses import stored_mailbox_problem
 from senddock.mail.signing import signer_from_config
-from senddock.mail.template_limits import render_limits
+from senddock.mail.render_limits import render_limits
 from senddock.mail.templates import CampaignTemplates, TemplateError, context_for
 from senddock.outcome import CampaignContent, Message, MessageSigner, Recipient
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
+
+from senddock.mail.render_limits import RenderLimits
 
 # A power with a result longer than this many bits is refused (10**10000 is 33,220 bits).
 MAX_POWER_BITS = 100_000
@@ -34,24 +35,6 @@ class TemplateLimit(jinja2.TemplateError):
     """A render went past ``templates.max_size`` or ``templates.max_render_time``."""
 
 
-@dataclass(frozen=True)
-class RenderLimits:
-    max_size: int = 5 * 1024 * 1024  # characters of one rendered part
-    max_seconds: float = 2.0  # of one part's render
-
-
-DEFAULT_LIMITS = RenderLimits()
-
-
-def render_limits(templates: Any) -> RenderLimits:
-    """The ``templates`` section (validated) as limits."""
-    from senddock.durations import parse_duration
-    from senddock.sizes import parse_size
-
-    if not templates:
-        return DEFAULT_LIMITS
-    return RenderLimits(max_size=parse_size(templates.get("max_size", "5MiB")),
-                        max_seconds=parse_duration(templates.get("max_render_time", "2s")))
 _current = threading.local()  # the Budget of the render running in this thread
 
 

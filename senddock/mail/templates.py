@@ -18,7 +18,8 @@ from typing import Any
 import jinja2
 
 from senddock.mail import headertext
-from senddock.mail.template_limits import DEFAULT_LIMITS, BoundedEnvironment, RenderLimits, TemplateLimit, render_within
+from senddock.mail.render_limits import DEFAULT_LIMITS, RenderLimits
+from senddock.mail.template_limits import BoundedEnvironment, TemplateLimit, render_within
 from senddock.mail.template_uses import uses
 from senddock.mail.template_variables import FIELDS as _FIELDS
 from senddock.mail.template_variables import UNSUBSCRIBE_HINT
