@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import psycopg
-from tests_support import captured_logs, make_broadcast, running_node, wait_for
+from tests_support import captured_logs, make_broadcast, running_node, still_true, wait_for
 
 from senddock.api import Senddock
 from senddock.core import claimer, completer, nodes
@@ -50,13 +50,15 @@ def test_a_node_whose_heartbeats_fail_fences_itself_says_so_and_resumes_when_the
             wait_for(lambda: any(e["event"] == "node_fenced" for e in logs), 30, "the node to fence itself")
             wait_for(lambda: node.slots.in_use == 0, 30, "its sends in flight to end")
             quiet_from = time.time()
-            assert not node.lifeline.may_send()
+            # Fenced for several heartbeats (300 ms) and claim polls: it starts nothing.
+            received = len(relay.received)
+            assert still_true(lambda: not node.lifeline.may_send() and len(relay.received) == received, 1.5)
+            released_at = time.time()  # sends may begin again from here: before the log line says so
             blocker.rollback()  # the heartbeat lands
             wait_for(lambda: any(e["event"] == "node_unfenced" for e in logs), 30, "the node to say it is back")
-            unfenced_at = time.time()
             wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 60, "the broadcast to finish")
         app.close()
     fenced = next(e for e in logs if e["event"] == "node_fenced")
     assert fenced["log_level"] == "warning" and fenced["last_heartbeat_s"] >= fenced["fence_after_s"] == 0.9
-    assert [m for m in relay.received if quiet_from < m.at < unfenced_at] == []  # nothing began while fenced
+    assert [m for m in relay.received if quiet_from < m.at < released_at] == []  # nothing began while fenced
     assert sorted({m.recipients[0] for m in relay.received}) == sorted(f"reader{i}@example.net" for i in range(400))
