@@ -19,6 +19,15 @@ pytest_plugins = ["senddock.testing"]
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (README's command): two test processes per core. Most of a test's time is
+    waiting (on relays, leases, subprocesses, Postgres), so one per core leaves the cores half
+    idle; ``SENDDOCK_TEST_WORKERS`` overrides it."""
+    if os.environ.get("SENDDOCK_TEST_WORKERS"):
+        return int(os.environ["SENDDOCK_TEST_WORKERS"])
+    return 2 * (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
 @dataclass
 class CliResult:
     exit_code: int
