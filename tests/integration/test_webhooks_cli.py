@@ -29,9 +29,11 @@ def disabled(app) -> bool:
 def test_ls_replay_and_enable(make_config, cli, tmp_path):
     answers = {"status": 200}
     with Receiver(lambda n, body: Answer(answers["status"])) as receiver:
-        settings = fast_settings(webhooks=[{"url": receiver.url, "secret": "${SENDDOCK_WEBHOOK_SECRET}",
-                                            "events": ["unsubscribed"], "retry": {"schedule": ["100ms"], "max_age": "1s"}}])
-        config = make_config(settings)
+        def settings(max_age: str) -> dict:
+            return fast_settings(webhooks=[{"url": receiver.url, "secret": "${SENDDOCK_WEBHOOK_SECRET}",
+                                            "events": ["unsubscribed"], "retry": {"schedule": ["100ms"], "max_age": max_age}}])
+
+        config = make_config(settings("1s"))  # so that an event dies at once
         path = tmp_path / "senddock.yaml"
         app = Senddock(config)
         app.create_list("news")
@@ -43,6 +45,9 @@ def test_ls_replay_and_enable(make_config, cli, tmp_path):
             answers["status"] = 500
             app.unsubscribe("b@example.com")
             wait_for(lambda: statuses(app) == ["delivered", "dead"], 30, "the second event to die")
+        # From here events must outlive the commands run between two nodes (seconds on a busy
+        # machine): an event older than max_age for a disabled endpoint dies, as it should.
+        config = make_config(settings("1h"))
 
         shown = cli("webhooks", "ls", "-c", path, "--json")
         assert shown.exit_code == 0, shown.stderr
