@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 from test_bounce_ingest import SECRET, dsn, vacation, verp_settings
@@ -74,28 +77,38 @@ def test_pop3_deletes_after_applying_and_a_refused_login_removes_nothing(cli, se
     app.close()
 
 
-def watching(app, database_dsn: str) -> subprocess.Popen:
-    """`senddock bounces fetch --watch --json` on ``app``'s config, as a process of its own."""
+@dataclass
+class Watch:
+    process: subprocess.Popen
+    stdout: str = ""
+    stderr: str = ""
+
+
+@contextmanager
+def watching(app, database_dsn: str) -> Iterator[Watch]:
+    """`senddock bounces fetch --watch --json` on ``app``'s config, as a process of its own,
+    stopped with SIGTERM at the end of the block (its output then in the Watch)."""
     env = {**os.environ, "SENDDOCK_DATABASE_URL": database_dsn, "BOUNCE_SECRET": SECRET,
            "MAILBOX_PASSWORD": Dovecot.PASSWORD}
-    return subprocess.Popen([senddock_executable(), "bounces", "fetch", "--watch", "-c", str(app.config.path),
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    watch = Watch(subprocess.Popen([senddock_executable(), "bounces", "fetch", "--watch", "-c", str(app.config.path),
+                                    "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True))
+    try:
+        yield watch
+    finally:
+        watch.process.send_signal(signal.SIGTERM)
+        watch.stdout, watch.stderr = watch.process.communicate(timeout=30)
 
 
 def test_watch_keeps_reading_until_stopped(sent, dovecot, database_dsn):
     app, mail = sent(f"imap://{Dovecot.USER}@127.0.0.1:{dovecot.imap_port}/INBOX")
-    process = watching(app, database_dsn)
-    try:
+    with watching(app, database_dsn) as watch:
         dovecot.deliver(bounce_for(mail, "gone@example.net"))
         wait_for(lambda: suppressed(app) == {"gone@example.net": "bounced"}, 30, "the first bounce")
         dovecot.deliver(bounce_for(mail, "moved@example.net"))
         wait_for(lambda: "moved@example.net" in suppressed(app), 30, "the second bounce, read on the next round")
         wait_for(lambda: dovecot.count() == 0, 10, "the mailbox to be emptied")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
-    assert '"applied": 2' in stdout
+    assert watch.process.returncode == 0, watch.stderr
+    assert '"applied": 2' in watch.stdout
     app.close()
 
 

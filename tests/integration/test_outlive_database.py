@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 
@@ -57,21 +56,17 @@ def test_events_ingest_on_a_pipe_waits_out_the_database_and_applies_every_notifi
 def test_bounces_fetch_watch_waits_out_the_database_and_applies_the_message_it_holds(sent, dovecot, database_dsn):  # noqa: F811
     app, mail = sent(f"imap://{Dovecot.USER}@127.0.0.1:{dovecot.imap_port}/INBOX", interval="200ms")
     waiting_a_second(app.config.path)
-    process = watching(app, database_dsn)
-    try:
+    with watching(app, database_dsn) as watch:
         dovecot.deliver(bounce_for(mail, "gone@example.net"))
         wait_for(lambda: suppressed(app) == {"gone@example.net": "bounced"}, 30, "the first bounce")
         with database_away(database_dsn):
             dovecot.deliver(bounce_for(mail, "moved@example.net"))
             time.sleep(3)
-            assert process.poll() is None, "fetch --watch exited while the database was away"
+            assert watch.process.poll() is None, "fetch --watch exited while the database was away"
             assert dovecot.count() == 1  # not applied, so still in the mailbox
         wait_for(lambda: "moved@example.net" in suppressed(app), 30, "the bounce that waited")
         wait_for(lambda: dovecot.count() == 0, 10, "the mailbox to be emptied once it was applied")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
-    assert json.loads(stdout)["applied"] == 2
-    assert "database_lost" in stderr and "database_back" in stderr
+    assert watch.process.returncode == 0, watch.stderr
+    assert json.loads(watch.stdout)["applied"] == 2
+    assert "database_lost" in watch.stderr and "database_back" in watch.stderr
     app.close()
