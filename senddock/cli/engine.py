@@ -58,12 +58,15 @@ def sink(args: argparse.Namespace, out: Output) -> int:
         line = f"{at}  {' '.join(message.recipients)}  {message.message_id}  {message.subject}"
         out.problem(line) if out.json_mode else print(line, flush=True)
 
+    # The port the config's nodes send to, unless told: a sink on 1025 while smtp.port said
+    # 2525 received nothing, and the nodes failed every send.
+    port, where = (args.port, "--port") if args.port is not None else (_config_smtp_port(args), "smtp.port")
     try:
-        server = Sink(args.host, args.port, rules=rules, limit=limit, delay=args.delay,
+        server = Sink(args.host, port, rules=rules, limit=limit, delay=args.delay,
                       save_dir=Path(args.save) if args.save else None, on_message=show)
         server.start()
     except OSError as exc:
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot listen on {args.host}:{port} ({where}): {exc.strerror or exc}") from None
     stop = threading.Event()
     stop_on_signals(stop.set)
     out.problem(f"senddock sink listening on {args.host}:{server.port} (Ctrl-C to stop)")
@@ -79,6 +82,10 @@ def sink(args: argparse.Namespace, out: Output) -> int:
                f"received {plural(len(received), 'message')}"
                + (f"; {plural(limited, 'recipient')} refused over --limit" if limit else ""))
     return EXIT_OK
+
+
+def _config_smtp_port(args: argparse.Namespace) -> int:
+    return int(open_config(args).section("smtp")["port"])
 
 
 def demo(args: argparse.Namespace, out: Output) -> int:
@@ -140,7 +147,7 @@ def add_commands(sub, camp, command, positive_int) -> None:
 
     p = command(sub, "sink", sink, "a development SMTP server that prints (and can save) what it receives")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=argtypes.port, default=1025)
+    p.add_argument("--port", type=argtypes.port, help="default: the config's smtp.port (1025 without one)")
     p.add_argument("--save", metavar="DIR", help="save each message as an .eml file")
     p.add_argument("--delay", type=_duration, default=0.0, metavar="DURATION",
                    help="wait this long before accepting each message, as a real relay does (e.g. 50ms)")
