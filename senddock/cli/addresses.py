@@ -220,7 +220,9 @@ def campaign_log(args: argparse.Namespace, out: Output) -> int:
         return EXIT_OK
     out.result({"campaign_id": args.id, "attempts": rows}, lambda: table(
         ["at", "email", "attempt", "node", "outcome", "code", "reply"],
-        [[r["at"], r["email"], r["attempt"], r["node"], r["outcome"] + (" (in doubt)" if r["in_doubt"] else ""),
+        [[r["at"], r["email"], r["attempt"], r["node"],
+          r["outcome"] + (f" ({r['reason']})" if r["reason"] and r["reason"] != "bounced" else "")
+          + (" (in doubt)" if r["in_doubt"] else ""),
           " ".join(str(c) for c in (r["code"], r["enhanced_code"]) if c), (r["message"] or "")[:60]] for r in rows],
     ) if rows else "no attempts yet")
     return EXIT_OK

@@ -143,6 +143,7 @@ class Aftercare(threading.Thread):
             code=outcome.code,
             enhanced_code=outcome.enhanced_code,
             reason=verdict.reason,
+            failed_as=outcome.failure_reason if outcome.status == "failed" else None,
             retry_in=round(outcome.delay, 1) if outcome.delay is not None else None,
             in_doubt=outcome.in_doubt or None,
         )

@@ -128,7 +128,10 @@ def job_result(
     deferral = verdict.deferral
     decision = backoff(pm, config, attempt, verdict, age, deferrals_before + deferral)
     if decision.stop:
-        return JobResult(status="failed", outcome="retry", counts=True, failure_reason=decision.reason, **common)
+        # The attempt that ended it is its failure: campaign log, the charts and the bounce-rate
+        # window see a final 'fail' (it was a 'retry' row, and a job failed as retries_exhausted
+        # showed no failure anywhere in its log).
+        return JobResult(status="failed", outcome="fail", counts=True, failure_reason=decision.reason, **common)
     return JobResult(status="retry", outcome="retry", counts=not deferral, delay=decision.delay, deferred=deferral,
                      **common)
 

@@ -73,8 +73,12 @@ def test_bounces_retries_and_sender_problems(app_for, smtp_sink):
                                "WHERE job_id = (SELECT id FROM broadcast_jobs WHERE email = 'later1@example.com') "
                                "ORDER BY attempt").fetchall()
     assert code == ("550 5.1.1", "550 5.1.1 no such user")
+    # The attempt that used up the retries is the job's failure, and campaign log says why.
     assert retries == [(1, "retry", 450, "4.2.0", "rcpt"), (2, "retry", 450, "4.2.0", "rcpt"),
-                       (3, "retry", 450, "4.2.0", "rcpt")]
+                       (3, "fail", 450, "4.2.0", "rcpt")]
+    log = app.delivery_log(campaign_id, email="later1@example.com")
+    assert [(r["outcome"], r["reason"]) for r in log] == [("retry", None), ("retry", None),
+                                                          ("fail", "retries_exhausted")]
     # The next campaign skips the bounced addresses.
     smtp_sink.handler.rules = []
     second = make_broadcast(app, [], name="Second")

@@ -1588,8 +1588,10 @@ SELECT s.id, s.email, s.name, s.status, s.attributes, s.created_at,
 -- job in flight at several crashes may have gone out at each, then failed as crashed_repeatedly).
 -- %(limit)s NULL: all of them
 -- (the CLI); the dashboard shows the first few hundred.
+-- reason: why the job failed, on the attempt that failed it (bounced, retries_exhausted...).
 SELECT a.finished_at AS at, j.email, a.attempt, a.node, a.outcome, a.in_doubt, a.phase, a.smtp_code AS code,
-       a.enhanced_code, a.message, a.provider_message_id, a.claim_lost, a.job_id
+       a.enhanced_code, a.message, a.provider_message_id, a.claim_lost, a.job_id,
+       CASE WHEN a.outcome IN ('fail', 'bounce') AND j.status = 'failed' THEN j.failure_reason END AS reason
   FROM delivery_attempts a
   JOIN broadcast_jobs j ON j.id = a.job_id
  WHERE a.broadcast_id = %(broadcast_id)s
