@@ -190,7 +190,9 @@ def _empty(conn: psycopg.Connection) -> None:
     with conn.transaction():
         conn.execute("SET LOCAL lock_timeout = '5s'")
         if written:
-            conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(sql.SQL(t) for t in written)))
+            # CASCADE: a table written (lists) whose referencing one was not (list_members) cannot
+            # be truncated alone; the referencing ones are empty, so nothing more is lost.
+            conn.execute(sql.SQL("TRUNCATE {} CASCADE").format(sql.SQL(", ").join(sql.SQL(t) for t in written)))
         for sequence in used:
             conn.execute(sql.SQL("ALTER SEQUENCE {} RESTART").format(sql.SQL(sequence)))
         conn.execute("DELETE FROM pg_statistic WHERE starelid IN "
