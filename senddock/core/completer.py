@@ -46,21 +46,14 @@ log = structlog.get_logger(__name__)
 # Results per statement at most: a group commit this big already costs little per result.
 MAX_GROUP = 500
 # A group of deliveries waits up to LINGER for more results while waiting costs no sender its next
-# job. A node with fewer than LINGER_IN_FLIGHT slots waits while jobs marked begun wait for a
-# sender (the runway, see inflight.RUNWAY: every sender has its next job, so no slot the commit
-# would free is needed yet); a larger one while at least LINGER_IN_FLIGHT jobs are begun and not
-# collected (a slow relay at a high concurrency, where results trickle in two or three per commit).
-# Not the runway there: with instant sends (the null transport at concurrency 50) waiting for it
-# to empty left the senders idle through every commit (1.01-1.05x pgqueuer against 1.12-1.20x).
-# A commit then carries every sender's result rather than one or two. Against a local relay at
-# concurrency 5 the runway's wait cut group commits per message from 0.6 to 0.2, and the node's and
-# Postgres's CPU per message from about 660 and 340 us to 590 and 260 (with the larger deck of
-# inflight.DECK_FLOOR; /tmp script, alternating); not waking for each result joining the group (see
-# _wait_for_runway) took the node's voluntary context switches from about 9 to 7.5 a message. The in-flight wait, at concurrency 200 and a 50 ms relay,
-# cut Postgres's CPU per message from about 330 to 170 us, and at the default concurrency 50
-# against a local relay commits per message from 0.7-0.8 to 0.3. Groups that large make the
-# claimer stop using its deck (a claim refills their slots as cheaply, see claimer.MARK_COST). The
-# wait never touches the in-doubt bound: the slots are the same.
+# job, so that a commit carries every sender's result rather than one or two. A node with fewer than
+# LINGER_IN_FLIGHT slots waits while jobs marked begun wait for a sender (the runway, see
+# inflight.RUNWAY: every sender has its next job, so no slot the commit would free is needed yet); a
+# larger one while at least LINGER_IN_FLIGHT jobs are begun and not collected (a slow relay at a
+# high concurrency, where results trickle in two or three per commit). Not the runway there: with
+# instant sends, waiting for it to empty leaves the senders idle through every commit. Groups that
+# large make the claimer stop using its deck (see claimer.MARK_COST). The wait never touches the
+# in-doubt bound: the slots are the same. What each wait saved: docs/benchmarks.md.
 LINGER = 0.010
 LINGER_IN_FLIGHT = 64
 # How long a settle waits for a claim whose reply has come to journal its jobs (microseconds,

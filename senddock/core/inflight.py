@@ -26,19 +26,14 @@ if TYPE_CHECKING:  # the queue's value type, for annotations only
     from senddock.core.queue import ClaimedJob
 
 # Slots per sender without pacing limits: the send in hand and the next one, marked begun. With one
-# (a slot free only once its result committed) a sender idled through every commit: at concurrency
-# 5 against a local relay the senders were busy 65% of the time, at 2 95% (and 1.4 commits a message
-# fell to 1.1); the null transport at concurrency 50 drained 7,300 jobs/s with 1 and 10,000 with 2
-# (`bench/drain.py`, alternating). It doubles what a kill -9 may leave in doubt: 2 x concurrency.
+# (a slot free only once its result committed) a sender idles through every commit. It doubles what
+# a kill -9 may leave in doubt: 2 x concurrency. (Measured: docs/benchmarks.md.)
 RUNWAY = 2
 
 # The fewest jobs a deck holds (claim_batch permitting): a deck is claimed again once down to half,
-# so a deck sized to a small node's slots (10 at concurrency 5) made a claim of 5 jobs every 5
-# sends. At concurrency 5 against a local relay a deck of 32 took claims per message from 0.2 to
-# 0.06 and Postgres's CPU per message from about 340 to 260 us (with the completer's wait for the
-# runway; /tmp script, alternating). Its jobs are claimed, never begun: a kill -9 leaves them as
-# they were. At a broadcast's end they wait on this node (a broadcast smaller than a node's slots
-# and deck may go to one node whole).
+# so a deck sized to a small node's slots would claim a few jobs every few sends. Its jobs are
+# claimed, never begun: a kill -9 leaves them as they were. At a broadcast's end they wait on this
+# node (a broadcast smaller than a node's slots and deck may go to one node whole).
 DECK_FLOOR = 32
 
 
