@@ -146,10 +146,11 @@ class Senddock:
         on_progress: Callable[[int, int], None] = lambda done, total: None,
         on_normalise: Callable[[Normalised], None] = lambda n: None,
         encoding: str = "utf-8",
+        on_fallback: Callable[[int], None] = lambda line: None,
     ) -> ImportSummary:
         with self._conn() as conn:
             return subscribers.import_csv(conn, path, list_name, on_reject=on_reject, on_progress=on_progress,
-                                          on_normalise=on_normalise, encoding=encoding)
+                                          on_normalise=on_normalise, encoding=encoding, on_fallback=on_fallback)
 
     # -- campaigns -------------------------------------------------------------------------------
 

@@ -6,7 +6,7 @@ import argparse
 import csv
 import sys
 
-from senddock.cli.commands import open_senddock
+from senddock.cli.commands import fallback_note, open_senddock
 from senddock.cli.output import Output, plural, table
 from senddock.csv_cells import csv_row
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
@@ -63,7 +63,9 @@ def add_encoding_option(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--encoding", type=encoding, default=DEFAULT_ENCODING, metavar="NAME",
                         help="the file's character set, e.g. cp1252 or latin-1 (default: utf-8; a byte order "
-                             "mark at the start is skipped)")
+                             "mark at the start is skipped); utf-8,cp1252 reads each line as UTF-8 and a line "
+                             "that is not as cp1252, naming it")
+
 
 
 # -- suppressions ----------------------------------------------------------------------------------
@@ -115,7 +117,7 @@ def suppressions_import(args: argparse.Namespace, out: Output) -> int:
         raise InvalidInput(f"{args.file}: cannot read: {exc.strerror or exc}") from None
     rows, problems = [], []
     with raw:
-        reader = csv.DictReader(decoded_lines(raw, args.encoding, args.file))
+        reader = csv.DictReader(decoded_lines(raw, args.encoding, args.file, fallback_note(args.file, args.encoding, out)))
         try:
             if not reader.fieldnames or "email" not in reader.fieldnames:
                 raise InvalidInput(f"{args.file}:1: the header needs an 'email' column")

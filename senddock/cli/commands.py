@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,17 @@ def open_config(args: argparse.Namespace) -> Config:
             args.config_error = exc
             raise
     return args.loaded_config
+
+
+def fallback_note(label: str, encoding: str, out: Output) -> Callable[[int], None]:
+    """For ``--encoding A,B``: each line read in B is named on stderr (exit status unchanged: the
+    operator asked for it, and should still look at those lines)."""
+    primary, _, fallback = encoding.partition(",")
+
+    def note(line: int) -> None:
+        out.problem(f"{label}:{line}: not {primary.strip()} text, read as {fallback.strip()}")
+
+    return note
 
 
 def open_senddock(args: argparse.Namespace) -> Senddock:
@@ -144,7 +156,7 @@ def subscribers_import(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd, _progress(out, f"importing {path.name}") as on_progress:
         summary = sd.import_subscribers(path, args.list, on_reject=lambda r: out.problem(str(r)),
                                         on_normalise=lambda n: out.problem(str(n)), on_progress=on_progress,
-                                        encoding=args.encoding)
+                                        encoding=args.encoding, on_fallback=fallback_note(args.file, args.encoding, out))
     normalised = f", normalised {summary.normalised}" if summary.normalised else ""
     out.result(
         summary,

@@ -102,6 +102,7 @@ def import_csv(
     on_progress: Callable[[int, int], None] = lambda done, total: None,
     on_normalise: Callable[[Normalised], None] = lambda n: None,
     encoding: str = DEFAULT_ENCODING,
+    on_fallback: Callable[[int], None] = lambda line: None,
 ) -> ImportSummary:
     """Import a CSV (header row with ``email``; ``name`` optional; other columns become attributes).
 
@@ -109,7 +110,9 @@ def import_csv(
     duplicates are found and the subscribers upserted in SQL, all in one transaction: an import is
     applied whole or not at all. Each rejected row is reported through ``on_reject``; each row
     imported with its name made one line through ``on_normalise``, once the import is applied.
-    ``encoding``: the file's character set (a byte order mark at its start is skipped).
+    ``encoding``: the file's character set (a byte order mark at its start is skipped), or one
+    and a fallback for the lines not in it (``utf-8,cp1252``: each such line's number is told to
+    ``on_fallback``).
     """
     try:
         check_encoding(encoding)
@@ -127,7 +130,7 @@ def import_csv(
         with conn.transaction():
             list_id = get_list(conn, list_name).id
             conn.execute(query("import_staging_create"))
-            rows = _read_rows(decoded_lines(raw, encoding, label), label)
+            rows = _read_rows(decoded_lines(raw, encoding, label, on_fallback), label)
             has_name = next(rows)  # the generator first reports whether the header has a name column
             with conn.cursor() as cur, cur.copy(query("import_staging_copy")) as copy:
                 for count, item in enumerate(rows, 1):

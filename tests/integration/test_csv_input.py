@@ -126,3 +126,39 @@ def test_suppressions_import_reads_encodings_boms_and_crlf_and_names_a_bad_byte_
     windows.write_bytes("email\r\nrenée@example.com\r\n".encode("cp1252"))
     again = cli("suppressions", "import", windows, "--encoding", "cp1252", "-c", config_file, "--json")
     assert (again.exit_code, again.json) == (0, {"added": 0, "already": 1, "rejected": 0})
+
+
+def test_a_utf8_file_with_one_cp1252_line_is_never_told_to_read_as_cp1252(cli, config_file, tmp_path, news):
+    """The hint used to say `try --encoding cp1252` for any file that was not UTF-8; following it
+    imported every UTF-8 name of a mixed file as mojibake, exit 0. It looks at the file first."""
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_bytes("email,name\nzoe@example.com,Zoë Ångström\n".encode("utf-8")
+                      + "rene@example.com,René\n".encode("cp1252")
+                      + "bjorn@example.com,Björn\n".encode("utf-8"))
+    refused = cli("subscribers", "import", mixed, "--list", "news", "-c", config_file)
+    assert refused.exit_code == 1 and people(cli, config_file) == []
+    assert refused.stderr == (
+        f"senddock: error: {mixed}:3: not UTF-8 text, byte 0xe9: invalid continuation byte (1 of its lines are "
+        "not UTF-8 (line 3) while 2 are UTF-8 text that cp1252 would misread: fix those lines, or --encoding "
+        "utf-8,cp1252 reads each line that is not UTF-8 as cp1252 and names it)\n")
+    # What it offers reads every name right, and names the line it read as cp1252.
+    read = cli("subscribers", "import", mixed, "--list", "news", "--encoding", "utf-8,cp1252", "-c", config_file,
+               "--json")
+    assert read.exit_code == 0, read.stderr
+    assert f"{mixed}:3: not utf-8 text, read as cp1252" in read.stderr.splitlines()
+    assert sorted(people(cli, config_file)) == [("bjorn@example.com", "Björn", {}), ("rene@example.com", "René", {}),
+                                                ("zoe@example.com", "Zoë Ångström", {})]
+
+
+def test_the_fallback_works_for_suppressions_and_refuses_what_cannot_work_line_by_line(cli, config_file, tmp_path):
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_bytes("email\nzoë@example.com\n".encode("utf-8") + "renée@example.com\n".encode("cp1252"))
+    read = cli("suppressions", "import", mixed, "--encoding", "utf-8,cp1252", "-c", config_file, "--json")
+    assert (read.exit_code, read.json) == (0, {"added": 2, "already": 0, "rejected": 0}), read.stderr
+    assert f"{mixed}:3: not utf-8 text, read as cp1252" in read.stderr.splitlines()
+    for spec, message in (("utf-16,cp1252", "'utf-16,cp1252': a fallback works line by line, between encodings "
+                                            "that write ASCII as ASCII (not utf-16)"),
+                          ("utf-8,cp1252,latin-1", "'utf-8,cp1252,latin-1': one encoding, or one and a fallback for "
+                                                   "the lines not in it (utf-8,cp1252)")):
+        refused = cli("suppressions", "import", mixed, "--encoding", spec, "-c", config_file)
+        assert refused.exit_code == 2 and message in refused.stderr, refused.stderr
