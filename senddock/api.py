@@ -257,6 +257,9 @@ class Senddock:
             missing = campaigns.missing_attributes(conn, campaign_id, list(analysis.required))
             if missing:
                 raise InvalidInput(_missing_attributes_message(campaign_id, missing, analysis.required))
+            # Not refused (an empty name may be fine), but said: "for " ending 400 subjects was not.
+            warnings = tuple(_empty_value_warning(e, analysis.printed[e.key])
+                             for e in campaigns.empty_values(conn, campaign_id, list(analysis.printed)))
             sample = campaigns.sample_recipients(conn, campaign_id)
         # A sample render too, for what reading the templates cannot tell (a value of the wrong type...).
         composer = self.composer
@@ -272,7 +275,7 @@ class Senddock:
                     f"{recipient.subscriber_id} ({recipient.email}): {exc}"
                 ) from None
         with self._conn() as conn:
-            return campaigns.send_campaign(conn, campaign_id, send_at)
+            return replace(campaigns.send_campaign(conn, campaign_id, send_at), warnings=warnings)
 
     def pause_campaign(self, campaign_id: int) -> None:
         """Stop claiming its jobs (every node, within a send); in-flight sends finish."""
@@ -513,6 +516,18 @@ def _missing_attributes_message(campaign_id: int, missing: list[campaigns.Missin
     return (f"campaign {campaign_id} not sent, nothing enqueued: {'; '.join(parts)}; give it a default in the "
             f"template ({{{{ {variable} | default(\"...\") }}}}) or import a CSV with a {key!r} column for "
             "them, then send again")
+
+
+def _empty_value_warning(empty: campaigns.EmptyValue, where: str) -> str:
+    """One line: how many get a gap in their text, where, and what fills it."""
+    who = "1 recipient has" if empty.empty == 1 else f"{empty.empty} recipients have"
+    more = ", ..." if empty.empty > len(empty.examples) else ""
+    key = empty.key.removeprefix("attributes.")
+    variable = "subscriber.name" if empty.key == "name" else (
+        f"subscriber.attributes.{key}" if key.isidentifier() else f"subscriber.attributes[{key!r}]")
+    return (f"{who} an empty {variable}, written out at {where} with nothing in its place (e.g. "
+            f"{', '.join(empty.examples)}{more}): give it a default that covers empty values, "
+            f"{{{{ {variable} | default(\"...\", true) }}}}")
 
 
 def _recipient(row: campaigns.SampleRecipient) -> Recipient:

@@ -272,10 +272,12 @@ def campaign_send(args: argparse.Namespace, out: Output) -> int:
         # An --at a few seconds behind the clock sends now: say what happened, not what was asked.
         scheduled = args.at is not None and sd.campaign(args.id).status == "scheduled"
     when = f", scheduled for {args.at.isoformat()}" if scheduled else ""
+    for warning in result.warnings:
+        out.problem(f"warning: campaign {result.campaign_id}: {warning}")
     out.result(
         {**{k: getattr(result, k) for k in ("campaign_id", "broadcast_id", "enqueued", "skipped",
                                              "skipped_suppressed", "skipped_unsubscribed")},
-         "send_at": args.at},
+         "send_at": args.at, "warnings": list(result.warnings)},
         f"campaign {result.campaign_id}: broadcast {result.broadcast_id} enqueued "
         f"{plural(result.enqueued, 'recipient')}{when}, "
         f"skipped {result.skipped} ({result.skipped_suppressed} suppressed, "

@@ -77,6 +77,7 @@ class EnqueueResult:
     skipped: int
     skipped_suppressed: int
     skipped_unsubscribed: int
+    warnings: tuple[str, ...] = ()  # sent anyway, but worth a look (values that render empty)
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,23 @@ def missing_attributes(conn: psycopg.Connection, campaign_id: int, keys: Sequenc
     list_ids = [row[0] for row in conn.execute(query("campaign_list_ids"), {"campaign_id": campaign_id})]
     with conn.cursor(row_factory=class_row(MissingAttribute)) as cur:
         return cur.execute(query("campaign_missing_attributes"), {"list_ids": list_ids, "keys": list(keys)}).fetchall()
+
+
+@dataclass(frozen=True)
+class EmptyValue:
+    key: str  # name, or attributes.KEY
+    empty: int  # recipients whose value is empty
+    examples: list[str]  # up to 5 of their addresses
+
+
+def empty_values(conn: psycopg.Connection, campaign_id: int, keys: Sequence[str]) -> list[EmptyValue]:
+    """The values among ``keys`` (``name``, ``attributes.KEY``) that some recipient a send would
+    enqueue has empty."""
+    if not keys:
+        return []
+    list_ids = [row[0] for row in conn.execute(query("campaign_list_ids"), {"campaign_id": campaign_id})]
+    with conn.cursor(row_factory=class_row(EmptyValue)) as cur:
+        return cur.execute(query("campaign_empty_values"), {"list_ids": list_ids, "keys": list(keys)}).fetchall()
 
 
 def subscriber_by_email(conn: psycopg.Connection, email: str) -> SampleRecipient | None:

@@ -27,7 +27,9 @@ class Use:
     ``attr``: whether each segment was written ``.name`` (True) or ``["name"]`` (False): on a dict
     ``.items`` is the method, ``["items"]`` the key. ``guarded``: under ``| default`` or an
     ``is defined`` test. ``always``: read on every render (not in a branch, a loop, a macro or the
-    right side of ``and``/``or``), so a recipient without it cannot render at all.
+    right side of ``and``/``or``), so a recipient without it cannot render at all. ``printed``:
+    written out as it is (``{{ x }}``, ``{{ x | title }}``), with no ``default(..., true)`` to stand
+    in for an empty value: an empty one leaves a gap in the text (``Hi ,``).
     """
 
     path: tuple[str, ...]
@@ -35,6 +37,7 @@ class Use:
     line: int
     guarded: bool
     always: bool
+    printed: bool = False
 
 
 def uses(template: nodes.Template, known_globals: frozenset[str]) -> list[Use]:
@@ -64,6 +67,13 @@ def _guards(test: nodes.Node) -> frozenset[tuple[str, ...]]:
         if node.name in _GUARD_TESTS and (chain := _chain(node.node)) is not None:
             found.add(chain[0])
     return frozenset(found)
+
+
+def _covers_empty(default: nodes.Filter) -> bool:
+    """``default(x, true)`` / ``default(x, boolean=true)``: also used for an empty value."""
+    flag = default.args[1] if len(default.args) > 1 else next(
+        (k.value for k in default.kwargs if k.key == "boolean"), None)
+    return isinstance(flag, nodes.Const) and bool(flag.value)
 
 
 def _nodes_of(node: nodes.Node, kind: type) -> Iterator[nodes.Node]:
@@ -106,7 +116,8 @@ class _Walker:
         for node in body:
             self.node(node, guarded, always)
 
-    def node(self, node: nodes.Node | None, guarded: frozenset, always: bool, *, guard: bool = False) -> None:
+    def node(self, node: nodes.Node | None, guarded: frozenset, always: bool, *, guard: bool = False,
+             printed: bool = False) -> None:
         if node is None:
             return
         if isinstance(node, (nodes.Name, nodes.Getattr, nodes.Getitem)):
@@ -115,12 +126,19 @@ class _Walker:
                 path, kinds, name, dynamic = chain
                 if name.name not in self.local:
                     covered = guard or any(path[:len(g)] == g for g in guarded)
-                    self.found.append(Use(path, kinds, node.lineno, covered, always))
+                    self.found.append(Use(path, kinds, node.lineno, covered, always, printed))
                 for expression in dynamic:
                     self.node(expression, guarded, always)
                 return
-        if isinstance(node, nodes.Filter) and node.name in _GUARD_FILTERS:
-            self.node(node.node, guarded, always, guard=True)
+        if isinstance(node, nodes.Output):
+            for child in node.nodes:
+                self.node(child, guarded, always, printed=True)
+        elif isinstance(node, nodes.Filter) and node.name in _GUARD_FILTERS:
+            # `default(x)` stands in for a missing value only; `default(x, true)` for an empty one too.
+            self.node(node.node, guarded, always, guard=True, printed=printed and not _covers_empty(node))
+            self.each(node, guarded, always, skip={"node"})
+        elif isinstance(node, nodes.Filter) and printed:
+            self.node(node.node, guarded, always, printed=True)  # `| title`, `| upper`: empty stays empty
             self.each(node, guarded, always, skip={"node"})
         elif isinstance(node, nodes.Test) and node.name in _GUARD_TESTS:
             self.node(node.node, guarded, always, guard=True)

@@ -198,10 +198,13 @@ class Analysis:
     ``problems``: variables that can never exist, one TemplateError each (field, line, message).
     ``required``: the subscriber attributes read on every render with no default, each with where
     it is first read (``text, line 2``): a recipient without one of them cannot render.
+    ``printed``: the subscriber's values written out on every render with nothing to stand in for an
+    empty one (``name``, ``attributes.city``), each with where: an empty one leaves a gap (``Hi ,``).
     """
 
     problems: list[TemplateError] = field(default_factory=list)
     required: dict[str, str] = field(default_factory=dict)
+    printed: dict[str, str] = field(default_factory=dict)
 
 
 def analyse(subject: str, text_body: str | None, html_body: str | None, *,
@@ -220,6 +223,8 @@ def analyse(subject: str, text_body: str | None, html_body: str | None, *,
                 analysis.problems.append(TemplateError(name, problem, use.line))
             elif problem is None and (column := _required_attribute(use)) is not None:
                 analysis.required.setdefault(column, f"{name}, line {use.line}")
+            if problem is None and (value := _printed_value(use)) is not None:
+                analysis.printed.setdefault(value, f"{name}, line {use.line}")
     return analysis
 
 
@@ -273,6 +278,19 @@ def _required_attribute(use) -> str | None:
     if use.attr[2] and hasattr(dict, path[2]):  # `.items`, `.get`...: the dict's method, not a key
         return None
     return path[2]
+
+
+def _printed_value(use) -> str | None:
+    """``name`` or ``attributes.KEY`` when a use writes the subscriber's value out on every render
+    with nothing for an empty one."""
+    if not (use.printed and use.always):
+        return None
+    path = use.path
+    if path == ("subscriber", "name"):
+        return "name"
+    if len(path) == 3 and path[:2] == ("subscriber", "attributes") and not (use.attr[2] and hasattr(dict, path[2])):
+        return f"attributes.{path[2]}"
+    return None
 
 
 def trial_render(templates: CampaignTemplates, unsubscribe_configured: bool) -> None:

@@ -74,6 +74,36 @@ def test_the_attribute_check_names_each_missing_key_and_sees_only_who_would_be_e
     app.close()
 
 
+def test_send_says_how_many_would_get_an_empty_value_written_out(make_config, cli, smtp_sink):
+    """`{{ subscriber.name }}` with some names empty rendered subjects ending in "for " at create,
+    preview, send-test and send, with no word: the send now says who, where and what fills it."""
+    config = make_config(fast_settings(smtp_sink.port))
+    app = Senddock(config)
+    app.create_list("news")
+    for i in range(30):
+        name = "" if i % 10 == 3 else ("  " if i == 7 else f"Reader {i}")
+        city = "" if i == 5 else "Lyon"
+        app.add_subscriber(f"user{i}@example.com", name=name, attributes={"city": city}, lists=["news"])
+    app.suppress("user13@example.com")  # not enqueued: not counted
+    campaign_id = app.create_campaign(
+        name="c", lists=["news"], subject="News for {{ subscriber.name }}", from_addr="news@example.com",
+        text_body="{{ subscriber.attributes.city | default('your city') }}\n"  # misses "": no `true`
+                  "{{ subscriber.name | default('friend', true) }}\n"  # covers ""
+                  "{% if subscriber.name %}{{ subscriber.name }}{% endif %}\n")  # only when there is one
+    sent = cli("campaign", "send", campaign_id, "--no-unsubscribe", "-c", config.path, "--json")
+    assert sent.exit_code == 0, sent.stderr
+    assert sent.json["enqueued"] == 29
+    assert sent.json["warnings"] == [
+        "3 recipients have an empty subscriber.name, written out at subject, line 1 with nothing in its place "
+        "(e.g. user3@example.com, user7@example.com, user23@example.com): give it a default that covers empty "
+        "values, {{ subscriber.name | default(\"...\", true) }}",
+        "1 recipient has an empty subscriber.attributes.city, written out at text, line 1 with nothing in its "
+        "place (e.g. user5@example.com): give it a default that covers empty values, "
+        "{{ subscriber.attributes.city | default(\"...\", true) }}"]
+    assert f"warning: campaign {campaign_id}: 3 recipients have an empty subscriber.name" in sent.stderr
+    app.close()
+
+
 @pytest.mark.parametrize("fix", ["data", "template"])
 def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(make_config, smtp_sink, fix):
     """Data that passes the send-time check (everyone has `n`) but does not render for one recipient

@@ -1225,6 +1225,29 @@ SELECT k.key, n.missing,
  WHERE n.missing > 0
  ORDER BY k.ord;
 
+-- name: campaign_empty_values
+-- Before enqueueing: of the recipients a send would enqueue (as broadcast_enqueue picks them), how
+-- many have an empty value (nothing but spaces) where the templates write one out with nothing to
+-- stand in for it: %(keys)s are 'name' and 'attributes.KEY'. An attribute missing altogether is
+-- campaign_missing_attributes' to say. Only the rows with an empty one are kept, in one pass.
+WITH empty AS MATERIALIZED (
+    SELECT s.id, s.email, k.key
+      FROM subscribers s
+     CROSS JOIN LATERAL unnest(%(keys)s::text[]) AS k(key)
+     WHERE s.status = 'active'
+       AND CASE WHEN k.key = 'name' THEN btrim(coalesce(s.name, '')) = ''
+                ELSE s.attributes ? substr(k.key, 12) AND btrim(coalesce(s.attributes ->> substr(k.key, 12), '')) = ''
+           END
+       AND EXISTS (SELECT 1 FROM list_members m WHERE m.subscriber_id = s.id AND m.list_id = ANY(%(list_ids)s))
+       AND NOT EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(s.email))
+)
+SELECT k.key, n.empty,
+       ARRAY(SELECT e.email FROM empty e WHERE e.key = k.key ORDER BY e.id LIMIT 5) AS examples
+  FROM unnest(%(keys)s::text[]) WITH ORDINALITY AS k(key, ord)
+ CROSS JOIN LATERAL (SELECT count(*) AS empty FROM empty e WHERE e.key = k.key) n
+ WHERE n.empty > 0
+ ORDER BY k.ord;
+
 -- name: pacing_take
 -- The shared limiter (GCRA, migration 7): admit k <= n sends that every one of the given limits
 -- allows (k is the least any of them allows) and move each limit's tat on by k * T, for all nodes
