@@ -53,27 +53,43 @@ def _check_reply(option: str, text: str, reply: str) -> None:
 @dataclass(frozen=True)
 class FailRule:
     """``PATTERN=REPLY``: recipients matching PATTERN get REPLY at RCPT TO. ``mail:PATTERN`` matches
-    the envelope sender at MAIL FROM, ``data:PATTERN`` a recipient at the end of DATA."""
+    the envelope sender at MAIL FROM, ``data:PATTERN`` a recipient at the end of DATA.
+    ``PATTERN xN=REPLY``: only the first N times each address is seen; then it is accepted (a
+    mailbox busy for a while: ``'later*@* x2=450 4.2.0 mailbox busy'`` defers twice, then delivers)."""
 
     phase: str
     pattern: str
     reply: str
+    times: int | None = None  # None: every time
 
     @classmethod
     def parse(cls, text: str) -> FailRule:
         """ValueError saying which part is wrong: the form, the pattern or the reply."""
         pattern, reply = _rule_parts("--fail", text, "PATTERN", _EXAMPLE_RULE)
+        pattern, times = _times(text, pattern)
         if not pattern.strip():
             raise ValueError(f"--fail {text!r}: the PATTERN before '=' is empty: name the recipients it is for, "
                              f"e.g. '{_EXAMPLE_RULE}' ('*' for everyone)")
         _check_reply("--fail", text, reply)
         phase, colon, rest = pattern.partition(":")
         if colon and phase in ("mail", "rcpt", "data"):
-            return cls(phase, rest.strip().lower(), reply)
-        return cls("rcpt", pattern.strip().lower(), reply)
+            return cls(phase, rest.strip().lower(), reply, times)
+        return cls("rcpt", pattern.strip().lower(), reply, times)
 
     def matches(self, phase: str, address: str) -> bool:
         return phase == self.phase and fnmatch.fnmatchcase(address.lower(), self.pattern)
+
+
+def _times(text: str, pattern: str) -> tuple[str, int | None]:
+    """``'later*@* x2'`` -> ``('later*@*', 2)``: a count after a space (no address has one)."""
+    before, space, last = pattern.rstrip().rpartition(" ")
+    if not space or not last.lower().startswith("x"):
+        return pattern, None
+    count = last[1:]
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"--fail {text!r}: {last!r} is not a count: write xN with N at least 1, "
+                         f"e.g. 'later*@* x2=450 4.2.0 mailbox busy'")
+    return before, int(count)
 
 
 @dataclass
@@ -143,9 +159,20 @@ class SinkHandler:
     # in order whether or not they came in one write; it just does not say so).
     pipelining: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    answered: dict[tuple, int] = field(default_factory=dict)  # (rule, address): times a counted rule answered
 
     def _rule(self, phase: str, address: str) -> str | None:
-        return next((r.reply for r in self.rules if r.matches(phase, address)), None)
+        for rule in self.rules:
+            if not rule.matches(phase, address):
+                continue
+            if rule.times is None:
+                return rule.reply
+            with self._lock:  # the sink's connections are served from one loop, its tests read from others
+                key = (rule, address.lower())
+                self.answered[key] = seen = self.answered.get(key, 0) + 1
+            if seen <= rule.times:
+                return rule.reply
+        return None
 
     async def handle_EHLO(self, server: SMTP, session: Session, envelope: Envelope, hostname: str,
                           responses: list[str]) -> list[str]:

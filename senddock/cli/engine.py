@@ -153,7 +153,9 @@ def add_commands(sub, camp, command, positive_int) -> None:
                    help="wait this long before accepting each message, as a real relay does (e.g. 50ms)")
     p.add_argument("--fail", action="append", default=[], metavar="PATTERN=REPLY",
                    help="answer matching recipients, e.g. 'bounce*@*=550 5.1.1 no such user' "
-                        "(prefix mail: to match the sender at MAIL FROM, data: to refuse at DATA)")
+                        "(prefix mail: to match the sender at MAIL FROM, data: to refuse at DATA); "
+                        "PATTERN xN=REPLY answers each address only its first N times, then accepts it: "
+                        "'later*@* x2=450 4.2.0 mailbox busy' is a deferral that delivers on the third try")
     p.add_argument("--limit", metavar="RATE=REPLY",
                    help="answer recipients beyond RATE with REPLY, as a provider that throttles: "
                         "e.g. '5/s=421 4.7.28 Our system has detected an unusual rate' (a second's worth at once)")

@@ -85,6 +85,20 @@ def test_bounces_retries_and_sender_problems(app_for, smtp_sink):
     assert app.campaign_status(second).skipped == 2
 
 
+def test_readmes_deferral_is_retried_with_backoff_and_delivered_on_the_third_try(app_for, smtp_sink):
+    """README's sink example: `later*@* x2=450 4.2.0 ...` defers each address twice. A recipient's
+    4.2.0 uses up an attempt each time (a 4.7.1 reads as throttling and did not: the campaign stayed
+    sending for days with ATTEMPT 0)."""
+    smtp_sink.handler.rules = [FailRule.parse("later*@* x2=450 4.2.0 mailbox busy, try again")]
+    app = app_for(fast_settings(smtp_sink.port, retry={"max_retries": 3}))
+    campaign_id = make_broadcast(app, ["later1@example.com", "now@example.com"])
+    drain(app.config)
+    assert jobs_by_email(app, campaign_id) == {"later1@example.com": ("sent", None, 3),
+                                               "now@example.com": ("sent", None, 1)}
+    assert [r["outcome"] for r in app.delivery_log(campaign_id, email="later1@example.com")] == [
+        "retry", "retry", "sent"]
+
+
 def test_a_deferred_recipient_is_sent_on_retry(app_for, smtp_sink):
     deferred_once: set[str] = set()
     original = smtp_sink.handler.handle_RCPT

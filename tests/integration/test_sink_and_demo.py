@@ -45,7 +45,8 @@ def sink_process(argv: list[str], port: int, **popen) -> Iterator[dict]:
 def test_sink_command_accepts_saves_and_fails_chosen_recipients(tmp_path: Path):
     port = free_port("127.0.0.1")
     argv = ["--port", str(port), "--save", str(tmp_path / "mail"),
-            "--fail", "bounce*@*=550 5.1.1 no such user", "--fail", "later*@*=451 4.7.1 try again"]
+            "--fail", "bounce*@*=550 5.1.1 no such user", "--fail", "later*@*=451 4.7.1 try again",
+            "--fail", "busy*@* x2=450 4.2.0 mailbox busy"]
     with sink_process(argv, port) as ended, smtplib.SMTP("127.0.0.1", port, timeout=5) as client:
         client.sendmail("me@example.com", ["ok@example.com"],
                         b"Subject: hi\r\nMessage-ID: <m1@example.com>\r\n\r\nhello\r\n")
@@ -57,6 +58,9 @@ def test_sink_command_accepts_saves_and_fails_chosen_recipients(tmp_path: Path):
         assert refused == {"bounce1@example.com": (550, b"5.1.1 no such user")}
         code, _ = client.mail("me@example.com")
         assert client.rcpt("later2@example.com")[0] == 451
+        # xN: each address its first N times, then accepted.
+        assert [client.rcpt("busy1@example.com")[0] for _ in range(3)] == [450, 450, 250]
+        assert client.rcpt("busy2@example.com")[0] == 450
         client.rset()
     stdout, stderr = ended["stdout"], ended["stderr"]
     assert ended["code"] == 0, stderr
@@ -96,6 +100,8 @@ def test_the_sink_listens_where_the_configs_nodes_send(tmp_path: Path):
     ("x=", "--fail 'x=': the REPLY after '=' is empty: start with a 3-digit code, e.g. 550 5.1.1 no such user"),
     ("=550 gone", "--fail '=550 gone': the PATTERN before '=' is empty: name the recipients it is for, "
                   "e.g. 'bounce*@*=550 5.1.1 no such user' ('*' for everyone)"),
+    ("a@b x0=450 busy", "--fail 'a@b x0=450 busy': 'x0' is not a count: write xN with N at least 1, "
+                        "e.g. 'later*@* x2=450 4.2.0 mailbox busy'"),
 ])
 def test_sink_refuses_a_malformed_rule_saying_what_is_wrong(rule, message, capsys):
     # In this process: the console script's own exit path is the next test's.
