@@ -31,6 +31,7 @@ import pytest
 
 from readme_story import Command, compare, console_blocks
 from senddock.cli import build_parser
+from senddock.config import load_config
 from senddock.sink import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +160,9 @@ def test_readme_sink_and_shipped_config_agree_on_the_port():
     assert all("--port" not in c.text for c in sink_commands), [describe(c) for c in sink_commands]
     config = (REPO / "config" / "senddock.yaml").read_text(encoding="utf-8")
     assert re.findall(r"^\s+port:\s*(\d+)", config, re.M) == [str(SINK_DEFAULT_PORT)]
-    assert build_parser().parse_args(["sink"]).port == SINK_DEFAULT_PORT
+    # Without --port the sink listens on the config's smtp.port, 1025 when no config says otherwise.
+    assert build_parser().parse_args(["sink"]).port is None
+    assert load_config(None).section("smtp")["port"] == SINK_DEFAULT_PORT
 
 
 @pytest.mark.timeout(600)
