@@ -8,7 +8,7 @@ however many jobs were drained while an old snapshot is open.
 Without --snapshot: two scratch databases on one server, in one run: (a) holds one sending campaign
 of --small jobs; (b) holds the same campaign beside a campaign of --paused jobs, enqueued and then
 paused in SQL. Two databases rather than one before/after, so the sides can alternate without
-enqueueing the big campaign again: each pass times --claims calls of Queue.claim(5) per side,
+enqueueing the big campaign again: each pass times --claims calls of JobQueue.claim(5) per side,
 interleaved claim by claim (a, b, a, b, ...; the second pass b first; the best of the two medians
 is kept), and marks each claimed batch sent (untimed) so the next claim finds work, as a worker's
 results would. The small campaign's jobs are put back to pending and vacuumed before every pass.
@@ -64,10 +64,10 @@ from common import (
 )
 
 from senddock.cli.logs import configure_logging
-from senddock.core import campaigns
-from senddock.core.nodes import NodeIdentity
-from senddock.core.queries import query
-from senddock.core.queue import Queue
+from senddock.domain import campaigns
+from senddock.store.node_identity import NodeIdentity
+from senddock.store.queries import query
+from senddock.store.jobs import JobQueue
 
 BATCH = 5
 
@@ -118,7 +118,7 @@ def set_floor(conn: psycopg.Connection, broadcast_id: int, floor: tuple) -> None
                  {"b": broadcast_id, "at": floor[0], "id": floor[1]})
 
 
-def claim_once(conn: psycopg.Connection, queue: Queue, broadcast_id: int) -> float:
+def claim_once(conn: psycopg.Connection, queue: JobQueue, broadcast_id: int) -> float:
     started = time.perf_counter()
     jobs = queue.claim(BATCH)
     seconds = time.perf_counter() - started
@@ -134,7 +134,7 @@ def time_claims(sides: dict, order: tuple[str, str], claims: int) -> dict[str, f
     a noisy machine's load changes over seconds, so it falls on both sides alike."""
     for conn, _, broadcast_id in sides.values():
         reset(conn, broadcast_id)
-    queues = {label: Queue(conn, node) for label, (conn, node, _) in sides.items()}
+    queues = {label: JobQueue(conn, node) for label, (conn, node, _) in sides.items()}
     latencies: dict[str, list[float]] = {label: [] for label in order}
     for _ in range(claims):
         for label in order:
@@ -261,7 +261,7 @@ class SnapshotSides:
 
     def __init__(self, conn: psycopg.Connection, node: NodeIdentity, broadcast_id: int, poll_jobs: int) -> None:
         self.conn, self.node, self.broadcast_id, self.poll_jobs = conn, node, broadcast_id, poll_jobs
-        self.queue = Queue(conn, node)
+        self.queue = JobQueue(conn, node)
         self.since_poll = 0
 
     def poll(self) -> None:

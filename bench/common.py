@@ -21,7 +21,7 @@ import yaml
 from senddock.api import Senddock
 from senddock.chaos.lab import engine_settings  # noqa: F401 - the benches' one way to say "N sends in flight"
 from senddock.config import Config, load_config
-from senddock.core.db import Database, embedded_server, stop_embedded
+from senddock.store.db import Database, embedded_server, stop_embedded
 from senddock.testing import create_database, drop_database, migrate_database
 
 BENCH = Path(__file__).resolve().parent

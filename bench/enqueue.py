@@ -22,7 +22,7 @@ from common import admin_dsn, bench_parser, scratch_database
 from senddock.api import Senddock
 from senddock.cli.logs import configure_logging
 from senddock.config import load_config
-from senddock.core.db import Database
+from senddock.store.db import Database
 
 BARE_INSERT = """
 INSERT INTO broadcast_jobs (broadcast_id, subscriber_id, email, domain)

@@ -18,18 +18,20 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from senddock.config import Config, load_config
-from senddock.core import campaign_control, campaigns, drafts, events, lists, migrations, nodes, results, subscribers
-from senddock.core.campaigns import (
+from senddock.domain import campaign_control, campaigns, drafts, events, lists, subscribers
+from senddock.store import migrations
+from senddock.core import nodes, results
+from senddock.domain.campaigns import (
     Campaign,
     CampaignStatus,
     CampaignSummary,
     EnqueueResult,
 )
-from senddock.core.db import Database
-from senddock.core.lists import MailingList
-from senddock.core.pacing_status import LimitStatus, pacing_status
-from senddock.core.subscribers import ImportSummary, Normalised, Rejection
-from senddock.core.suppressions import Suppressions, list_suppressions, remove_suppression
+from senddock.store.db import Database
+from senddock.domain.lists import MailingList
+from senddock.domain.pacing_status import LimitStatus, pacing_status
+from senddock.domain.subscribers import ImportSummary, Normalised, Rejection
+from senddock.store.suppressions import Suppressions, list_suppressions, remove_suppression
 from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound, UsageError
 from senddock.mail import mime, unsubscribe
 from senddock.mail.addresses import check_address
@@ -47,7 +49,7 @@ from senddock.webhooks.settings import subscriptions
 # Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
 # methods that use them: a status query or a list must not load them (see bench/cli_latency.py).
 if TYPE_CHECKING:
-    from senddock.core.mail_events import MailOutcome
+    from senddock.domain.mail_events import MailOutcome
     from senddock.mail.compose import Composer
 
 __all__ = [
@@ -392,7 +394,7 @@ class Senddock:
         """Apply one provider notification (an SES/SNS bounce, complaint or delivery).
 
         Raises InvalidInput when no plugin reads it or it is malformed, and
-        :class:`senddock.core.events.UnknownMessage` when it is about a message no job sent.
+        :class:`senddock.domain.events.UnknownMessage` when it is about a message no job sent.
         """
         self.ensure_schema()
         pm = self.config.plugin_manager
@@ -407,10 +409,10 @@ class Senddock:
     def apply_mail(self, raw: bytes, *, via: str, origin: str | None = None,
                    envelope_recipients: Sequence[str] = ()) -> MailOutcome:
         """Read one message that came back by mail (a bounce, a complaint, a reply) and apply it:
-        see :mod:`senddock.core.mail_events`. ``via`` is receive, fetch or ingest;
+        see :mod:`senddock.domain.mail_events`. ``via`` is receive, fetch or ingest;
         ``envelope_recipients``, the RCPT TO addresses when it arrived by SMTP."""
         from senddock.bounces.parsing import parse_mail
-        from senddock.core.mail_events import apply_mail
+        from senddock.domain.mail_events import apply_mail
 
         self.ensure_schema()
         parsed = parse_mail(self.config, raw, envelope_recipients)

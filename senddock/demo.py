@@ -24,7 +24,7 @@ import yaml
 
 from senddock.api import Senddock
 from senddock.config import load_config
-from senddock.core.db import Database, embedded_server, stop_embedded
+from senddock.store.db import Database, embedded_server, stop_embedded
 from senddock.core.runner import Runner
 from senddock.sink import FailRule, Sink
 from senddock.wording import plural

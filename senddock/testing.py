@@ -55,7 +55,7 @@ def drop_database(admin_dsn: str, name: str) -> None:
 
 
 def migrate_database(dsn: str) -> None:
-    from senddock.core import migrations
+    from senddock.store import migrations
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         migrations.migrate(conn)
@@ -67,7 +67,7 @@ def postgres_server_dsn() -> Iterator[str]:
     if os.environ.get(ENV_TEST_DSN):
         yield os.environ[ENV_TEST_DSN]
         return
-    from senddock.core.db import embedded_server, stop_embedded
+    from senddock.store.db import embedded_server, stop_embedded
 
     with tempfile.TemporaryDirectory(prefix="senddock-test-pg-") as folder:
         server = embedded_server(Path(folder) / "pgdata")
@@ -273,7 +273,7 @@ def own_server() -> Iterator[Any]:
 @contextmanager
 def throwaway_server(prefix: str = "senddock-own-pg-") -> Iterator[Any]:
     """A fresh embedded Postgres in a temporary folder, stopped and deleted afterwards."""
-    from senddock.core.db import embedded_server, stop_embedded
+    from senddock.store.db import embedded_server, stop_embedded
 
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         server = embedded_server(Path(folder) / "pgdata")
@@ -383,7 +383,7 @@ def drain(config: Config, *, timeout: float = 60, workers: int | None = None, no
 
 
 def _campaigns_sending(config: Config) -> bool:
-    from senddock.core.db import resolve_dsn
+    from senddock.store.db import resolve_dsn
 
     with psycopg.connect(resolve_dsn(config.database)) as conn:
         return conn.execute("SELECT EXISTS (SELECT 1 FROM campaigns WHERE status = 'sending')").fetchone()[0]

@@ -177,7 +177,7 @@ def campaign_status(dsn: str, campaign_id: int) -> str:
 def register(conn: psycopg.Connection, name: str, *, heartbeat_age: str = "0 seconds"):
     """A node registered as a lifeline does it: in the server's current epoch."""
     from senddock.core.epoch import ensure_epoch
-    from senddock.core.nodes import NodeIdentity
+    from senddock.store.node_identity import NodeIdentity
 
     ensure_epoch(conn)
     node = NodeIdentity(id=uuid.uuid4(), name=name, host="test", pid=1)

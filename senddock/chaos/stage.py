@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from senddock.chaos.lab import Node, Probe, Relay, cli_json, node_settings, wait_until, write_config
-from senddock.core.campaign_control import NEVER_REQUEUED
+from senddock.domain.campaign_control import NEVER_REQUEUED
 from senddock.testing import create_database, migrate_database
 
 NODE_NAMES = ("chaos-a", "chaos-b")
@@ -101,7 +101,7 @@ class Stage:
         """A list of readers and a campaign to them, sent (enqueued) as campaign 1."""
         from senddock.api import Senddock
         from senddock.config import load_config
-        from senddock.core.db import Database
+        from senddock.store.db import Database
 
         config = load_config(self.config_path, environ={"SENDDOCK_DATABASE_URL": self.dsn})
         with Senddock(config, database=Database(config.database, dsn=self.dsn)) as app:

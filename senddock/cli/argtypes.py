@@ -42,7 +42,7 @@ def refresh_interval(text: str) -> float:
 
 def send_rate(text: str) -> str:
     """`--rate 100/min`: refused here, before any database work, with the form to use."""
-    from senddock.core.campaign_rate import NO_RATE
+    from senddock.domain.campaign_rate import NO_RATE
     from senddock.pacing.rates import rate_problem
 
     problem = text != NO_RATE and rate_problem(text)

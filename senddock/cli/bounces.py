@@ -34,7 +34,7 @@ def add_commands(group, command) -> None:
 def receive(args: argparse.Namespace, out: Output) -> int:
     from senddock.bounces.receiver import start_receiver
     from senddock.cli.engine import stop_on_signals
-    from senddock.core.mail_events import OUTCOMES
+    from senddock.domain.mail_events import OUTCOMES
 
     config = open_config(args)
     counts = dict.fromkeys(OUTCOMES, 0)
@@ -69,7 +69,7 @@ def fetch(args: argparse.Namespace, out: Output) -> int:
     from senddock.bounces.mailbox import mailbox_errors, mailbox_settings, open_mailbox
     from senddock.bounces.parsing import max_message_size
     from senddock.cli.engine import stop_on_signals
-    from senddock.core.db import riding_out
+    from senddock.store.db import riding_out
 
     config = open_config(args)
     settings = mailbox_settings(config)
@@ -130,7 +130,7 @@ def _mailbox_error(exc: BaseException) -> str:
 
 def _totals() -> dict[str, Any]:
     """What fetch and ingest count: messages, each outcome, replays, suppressions, problems."""
-    from senddock.core.mail_events import OUTCOMES
+    from senddock.domain.mail_events import OUTCOMES
 
     return {"messages": 0, **dict.fromkeys(OUTCOMES, 0), "replayed": 0, "suppressed": 0, "problems": []}
 
@@ -170,7 +170,7 @@ def ingest(args: argparse.Namespace, out: Output) -> int:
 
 
 def _ingest_summary(totals: dict[str, Any]) -> str:
-    from senddock.core.mail_events import OUTCOMES
+    from senddock.domain.mail_events import OUTCOMES
 
     counted = ", ".join(f"{totals[o]} {o.replace('_', ' ')}" for o in OUTCOMES if totals[o])
     return (f"{plural(totals['messages'], 'message')}: {counted or 'none'}; "

@@ -106,7 +106,7 @@ def campaign_set_rate(args: argparse.Namespace, out: Output) -> int:
 
 
 def campaign_history(args: argparse.Namespace, out: Output) -> int:
-    from senddock.core.campaign_control import actor_words  # psycopg with it: not to parse argv
+    from senddock.domain.campaign_control import actor_words  # psycopg with it: not to parse argv
 
     with open_senddock(args) as sd:
         changes = sd.campaign_history(args.id, args.limit)

@@ -10,7 +10,7 @@ from senddock.cli.output import Output, plural
 from senddock.errors import EXIT_OK
 
 if TYPE_CHECKING:
-    from senddock.core.drafts import Deleted, Edited
+    from senddock.domain.drafts import Deleted, Edited
 
 
 def add_commands(camp, command, positive_int) -> None:
@@ -50,7 +50,7 @@ def campaign_edit(args: argparse.Namespace, out: Output) -> int:
 
 
 def _edit_lines(edited: Edited) -> str:
-    from senddock.core.drafts import _DRAFT_FIELD
+    from senddock.domain.drafts import _DRAFT_FIELD
 
     if not edited.changed:
         return f"campaign {edited.campaign_id}: nothing changed (it already had that content)"

@@ -79,8 +79,8 @@ def _lines(stream: TextIO, label: str) -> Iterator[str | InvalidInput]:
 
 
 def ingest(args: argparse.Namespace, out: Output) -> int:
-    from senddock.core.db import riding_out
-    from senddock.core.events import UnknownMessage
+    from senddock.store.db import riding_out
+    from senddock.domain.events import UnknownMessage
 
     stream, label = _open_input(args.file)
     totals = {"documents": 0, "recorded": 0, "already_recorded": 0, "suppressed": 0, "problems": []}

@@ -145,7 +145,7 @@ def serve(args: argparse.Namespace, out: Output) -> int:
     log = structlog.get_logger(__name__)
     _Server = _server_class()
 
-    from senddock.core.db import Database
+    from senddock.store.db import Database
     from senddock.web.http_limits import HttpLimits
     from senddock.web.serve import create_app
 

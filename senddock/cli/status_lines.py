@@ -29,12 +29,12 @@ def warning_line(status) -> str:
     return f"warning{since}: {status.warning}"
 
 
-# Not senddock.core.pacing_status.PACING_COLUMNS: importing it would load psycopg for `--help`.
+# Not senddock.domain.pacing_status.PACING_COLUMNS: importing it would load psycopg for `--help`.
 PACING_COLUMNS = ("pacing", "configured", "effective", "last minute")
 
 
 def pacing_table(limits) -> str:
-    """Per pacing limit (senddock.core.pacing_status.LimitStatus): rate configured, effective
+    """Per pacing limit (senddock.domain.pacing_status.LimitStatus): rate configured, effective
     (slowed down by throttling), measured over the last minute."""
     from senddock.cli.output import table
 

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from senddock.cli.status_lines import PACING_COLUMNS, bounce_line, probe_line, warning_line
 from senddock.cli.output import Output
-from senddock.core.campaigns import CampaignStatus
+from senddock.domain.campaigns import CampaignStatus
 from senddock.errors import EXIT_OK
 
 ENDED = ("finished", "paused", "cancelled", "draft")

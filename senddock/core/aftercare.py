@@ -19,10 +19,10 @@ import structlog
 
 from senddock.config import Config
 from senddock.core.breaker import FailureRuns
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.core.inflight import Halts
-from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
-from senddock.core.suppressions import Suppressions
+from senddock.store.jobs import ClaimedJob, JobQueue, Recorded, ResultRow
+from senddock.store.suppressions import Suppressions
 from senddock.observe.node_metrics import NodeMetrics
 from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef
 
@@ -55,7 +55,7 @@ class Committed:
 
 
 class Aftercare(threading.Thread):
-    def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., Queue], stats: RunStats,
+    def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., JobQueue], stats: RunStats,
                  metrics: NodeMetrics | None = None, halts: Halts | None = None,
                  on_idle: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="senddock-aftercare", daemon=True)
@@ -185,11 +185,11 @@ class Aftercare(threading.Thread):
     # -- what a result may lead to -------------------------------------------------------------
 
     @contextmanager
-    def _queue(self) -> Iterator[Queue]:
+    def _queue(self) -> Iterator[JobQueue]:
         with self._db.connection() as conn:
             yield self._queue_for_conn(conn)
 
-    def track_failures(self, queue: Queue, campaign_id: int, verdict: Classification) -> None:
+    def track_failures(self, queue: JobQueue, campaign_id: int, verdict: Classification) -> None:
         """Pause a campaign after too many failures in a row that no recipient caused.
 
         Called by the completer on its own connection before it gives the results' slots back, so
@@ -206,7 +206,7 @@ class Aftercare(threading.Thread):
                         resumes="when the relay answers a probe" if trip.auto_resume else "by `campaign resume`")
         self.failure_runs.forget(campaign_id)
 
-    def check_bounce(self, queue: Queue, job: ClaimedJob) -> bool:
+    def check_bounce(self, queue: JobQueue, job: ClaimedJob) -> bool:
         """After a bounce is recorded: the bounce-rate breaker, on the completer's connection before
         the slots go back (so no claim after the bounce that trips it takes more of the campaign).
         Returns whether the bounce's hooks must wait for a person."""

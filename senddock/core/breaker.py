@@ -21,8 +21,8 @@ import psycopg
 import structlog
 
 from senddock.config import Config
-from senddock.core.db import Database
-from senddock.core.queue import Queue
+from senddock.store.db import Database
+from senddock.store.jobs import JobQueue
 from senddock.core.results import describe
 from senddock.errors import error_line
 from senddock.outcome import Classification, Outcome, SendResult
@@ -121,7 +121,7 @@ class Prober(threading.Thread):
             campaign_id, probes, reason = due
             result = probe(self._config)  # outside any transaction: it may take the transport's timeout
             with self._db.connection() as conn:
-                queue: Queue = self._queue_for(conn)
+                queue: JobQueue = self._queue_for(conn)
                 if result is None or result.ok:
                     answer = "no probe for this transport: resumed as a trial" if result is None else describe(result)
                     if queue.auto_resume(campaign_id, answer):

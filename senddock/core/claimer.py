@@ -26,13 +26,13 @@ import structlog
 from senddock.config import Config
 from senddock.core.completer import Completer
 from senddock.core.content import ContentCache
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.journal import Journal
 from senddock.core.nodes import Lifeline
 from senddock.core.pacing_gate import PacingGate
-from senddock.core.queue import ClaimedJob, Queue
+from senddock.store.jobs import ClaimedJob, JobQueue
 from senddock.core.waits import Waits
 from senddock.core.senders import Dispatch, Senders
 from senddock.errors import error_line
@@ -54,7 +54,7 @@ class Claimer(threading.Thread):
         self,
         config: Config,
         db: Database,
-        queue_for_conn: Callable[[psycopg.Connection], Queue],
+        queue_for_conn: Callable[[psycopg.Connection], JobQueue],
         *,
         slots: Slots,
         deck: Deck,
@@ -140,7 +140,7 @@ class Claimer(threading.Thread):
         for job in jobs:
             self._claims.settle(job.claim_token)
 
-    def _put_back_unanswered(self, queue: Queue) -> None:
+    def _put_back_unanswered(self, queue: JobQueue) -> None:
         """A claim (or its begin marks) whose reply never came: nothing of it reached a sender."""
         token, self._unanswered = self._unanswered, None
         if token is not None:
@@ -149,7 +149,7 @@ class Claimer(threading.Thread):
                 log.info("claim_put_back", jobs=released)
             self._claims.let_go(token)
 
-    def _loop(self, queue: Queue) -> None:
+    def _loop(self, queue: JobQueue) -> None:
         config = self._config
         marks_begun = not self._gate.configured
         while not self._stopping.is_set():
@@ -186,7 +186,7 @@ class Claimer(threading.Thread):
         left = self._deck_retry_at - time.monotonic()
         return self._config.poll_interval if left <= 0 else max(0.005, min(self._config.poll_interval, left))
 
-    def _claim(self, queue: Queue, wanted: int, marks_begun: bool | None) -> None:
+    def _claim(self, queue: JobQueue, wanted: int, marks_begun: bool | None) -> None:
         """One claim: for free slots (``marks_begun`` True or False: jobs go to the senders now,
         through the gate when they are unmarked), or for the deck (None: claimed unmarked, sent
         once a slot is theirs)."""
@@ -209,7 +209,7 @@ class Claimer(threading.Thread):
         elif not jobs or (unmarked and not begun):
             self._wait_for_work(self._wait())
 
-    def _claim_in(self, queue: Queue, token: uuid.UUID, wanted: int, marks_begun: bool | None,
+    def _claim_in(self, queue: JobQueue, token: uuid.UUID, wanted: int, marks_begun: bool | None,
                   flushes: int) -> tuple[list[ClaimedJob], list[ClaimedJob], list[ClaimedJob]]:
         """The claim statement and what becomes of its jobs: (claimed, claimed unmarked, begun)."""
         for_deck = marks_begun is None
@@ -241,7 +241,7 @@ class Claimer(threading.Thread):
             self._start(begun, claimed_at)
         return jobs, unmarked, begun
 
-    def _begin_from_deck(self, queue: Queue, free: int) -> None:
+    def _begin_from_deck(self, queue: JobQueue, free: int) -> None:
         """Slots freed with jobs on the deck that the completer did not take: begin them here,
         through the gate (a campaign's own rate), one statement per claim they came in."""
         self.busy = True
@@ -251,7 +251,7 @@ class Claimer(threading.Thread):
         with self._journal.beginning():
             self._begin_deck_claims(queue, by_token)
 
-    def _begin_deck_claims(self, queue: Queue, by_token: dict[uuid.UUID, list[tuple[ClaimedJob, float]]]) -> None:
+    def _begin_deck_claims(self, queue: JobQueue, by_token: dict[uuid.UUID, list[tuple[ClaimedJob, float]]]) -> None:
         try:
             while by_token:
                 token, entries = next(iter(by_token.items()))

@@ -30,12 +30,12 @@ import psycopg
 import structlog
 
 from senddock.core.aftercare import Aftercare, Committed
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.journal import Journal
 from senddock.core.nodes import Lifeline
-from senddock.core.queue import ClaimedJob, Queue, Recorded, ResultRow
+from senddock.store.jobs import ClaimedJob, JobQueue, Recorded, ResultRow
 from senddock.core.waits import Waits
 from senddock.errors import error_line
 from senddock.outcome import Classification
@@ -83,7 +83,7 @@ class Completer(threading.Thread):
     def __init__(
         self,
         db: Database,
-        queue_for_conn: Callable[[psycopg.Connection], Queue],
+        queue_for_conn: Callable[[psycopg.Connection], JobQueue],
         *,
         slots: Slots,
         deck: Deck,
@@ -93,9 +93,9 @@ class Completer(threading.Thread):
         journal: Journal,
         waits: Waits,
         async_results: bool,
-        finish_campaigns: Callable[[Queue, set[int]], None],
+        finish_campaigns: Callable[[JobQueue, set[int]], None],
         queue_dry: Callable[[], bool],
-        throttled: Callable[[Queue, list[ClaimedJob]], None] = lambda queue, jobs: None,
+        throttled: Callable[[JobQueue, list[ClaimedJob]], None] = lambda queue, jobs: None,
         dispatch: Callable[[list[tuple[ClaimedJob, float]]], None] = lambda jobs: None,
         may_refill: Callable[[], bool] = lambda: False,
         waiting_for_senders: Callable[[], int] = lambda: 0,
@@ -220,7 +220,7 @@ class Completer(threading.Thread):
             self._retry.clear()
             backoff = min(backoff * 2, 5.0)
 
-    def _loop(self, queue: Queue) -> bool:
+    def _loop(self, queue: JobQueue) -> bool:
         """Commit groups until closed and drained; True once done."""
         while True:
             group, closed = self._collect()
@@ -301,7 +301,7 @@ class Completer(threading.Thread):
             return self._waiting_for_senders() > 0
         return self._slots.in_use - collected >= LINGER_IN_FLIGHT
 
-    def _commit(self, queue: Queue, group: list[Done]) -> None:
+    def _commit(self, queue: JobQueue, group: list[Done]) -> None:
         back = [d.job for d in group if d.row is None]
         results = [d for d in group if d.row is not None]
         refill = self._refill(results)
@@ -340,7 +340,7 @@ class Completer(threading.Thread):
             return []
         return self._deck.take(len(results), ready=lambda job: job.send_rate is None)
 
-    def _put_back(self, jobs: list[ClaimedJob], queue: Queue) -> None:
+    def _put_back(self, jobs: list[ClaimedJob], queue: JobQueue) -> None:
         """The deck's jobs a commit did not mark begun (their campaign stopped sending, or their
         commit's fate is unknown: a release clears a mark that did commit)."""
         if jobs:
@@ -349,14 +349,14 @@ class Completer(threading.Thread):
             for job in jobs:
                 self._claims.settle(job.claim_token)
 
-    def _finish_unacted(self, queue: Queue) -> None:
+    def _finish_unacted(self, queue: JobQueue) -> None:
         """The aftermath of the committed group in ``_unacted``; it stays there until this returns."""
         if self._unacted is not None:
             group, recorded, unsure, kept = self._unacted
             self._done(group, recorded, unsure, queue, kept)
             self._unacted = None
 
-    def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue,
+    def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: JobQueue,
               kept: int = 0) -> None:
         """A group committed: see _act_on. Its senders waiting for the commit go on whatever
         happens (a connection lost mid-way must not park them until the node stops)."""
@@ -367,7 +367,7 @@ class Completer(threading.Thread):
                 if done.committed is not None:
                     done.committed.set()
 
-    def _act_on(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: Queue,
+    def _act_on(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: JobQueue,
                 kept: int = 0) -> None:
         """The failure breaker, then slots back (but the ``kept`` ones the deck's jobs take over),
         claims settled (or held while unsure), aftercare fed."""
@@ -411,7 +411,7 @@ class Completer(threading.Thread):
 
     # -- when a commit's fate is unknown ---------------------------------------------------------
 
-    def _settle(self, queue: Queue) -> None:
+    def _settle(self, queue: JobQueue) -> None:
         """On a new connection: finish the group whose commit's reply never came, or whose
         aftermath was cut short. Each stays until this succeeds: a connection lost again meanwhile
         must not lose it."""
@@ -435,7 +435,7 @@ class Completer(threading.Thread):
     def _unsettled(self, epoch) -> bool:
         return epoch is not None and epoch != self._epoch and time.monotonic() >= self._settle_again_at
 
-    def _server_lost_wal(self, queue: Queue, epoch) -> None:
+    def _server_lost_wal(self, queue: JobQueue, epoch) -> None:
         """A new server epoch (the lifeline saw it, or this completer reconnected into it): the
         server may have lost claims, begin marks and results of this node's, even where this
         connection never broke (a pooler in transaction mode keeps the client side of it open
@@ -465,7 +465,7 @@ class Completer(threading.Thread):
                 self._claims.settle(item.row.job.claim_token)
         self._adopt(queue, epoch)
 
-    def _adopt(self, queue: Queue, epoch) -> None:
+    def _adopt(self, queue: JobQueue, epoch) -> None:
         """``epoch`` is the one this node has settled in: claims no longer wait for it. Not yet if
         the server says otherwise (another loss of WAL since, or the node's row lost with the
         primary's last moments and not yet made again by the lifeline): tried again shortly."""
@@ -475,7 +475,7 @@ class Completer(threading.Thread):
         else:
             self._settle_again_at = time.monotonic() + SETTLE_RETRY
 
-    def _commit_missing(self, queue: Queue, rows: list[ResultRow]) -> tuple[dict[int, Recorded], set[int]]:
+    def _commit_missing(self, queue: JobQueue, rows: list[ResultRow]) -> tuple[dict[int, Recorded], set[int]]:
         """Commit again, synchronously, the results the database does not have. Returns what each
         row's result did, and the jobs whose results were committed again."""
         if not rows:

@@ -11,17 +11,17 @@ import threading
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 
-from senddock.core.queue import Queue
+from senddock.store.jobs import JobQueue
 from senddock.outcome import CampaignContent
 
 
 class ContentCache:
-    def __init__(self, queue_for: Callable[[], AbstractContextManager[Queue]]) -> None:
+    def __init__(self, queue_for: Callable[[], AbstractContextManager[JobQueue]]) -> None:
         self._queue_for = queue_for  # a pooled connection's queue, for a reload
         self._content: dict[int, CampaignContent] = {}
         self._lock = threading.Lock()
 
-    def load(self, queue: Queue, campaign_ids: Iterable[int]) -> None:
+    def load(self, queue: JobQueue, campaign_ids: Iterable[int]) -> None:
         """Read the campaigns not read yet (on the caller's connection)."""
         for campaign_id in set(campaign_ids):
             with self._lock:
@@ -42,7 +42,7 @@ class ContentCache:
         with self._queue_for() as queue:
             return self._store(campaign_id, queue)
 
-    def _store(self, campaign_id: int, queue: Queue) -> CampaignContent:
+    def _store(self, campaign_id: int, queue: JobQueue) -> CampaignContent:
         content = CampaignContent(**queue.campaign_content(campaign_id))
         with self._lock:
             self._content[campaign_id] = content

@@ -16,7 +16,7 @@ from datetime import datetime
 import psycopg
 import structlog
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 
 log = structlog.get_logger(__name__)
 

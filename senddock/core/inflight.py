@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the queue's value type, for annotations only
-    from senddock.core.queue import ClaimedJob
+    from senddock.store.jobs import ClaimedJob
 
 # Slots per sender without pacing limits: the send in hand and the next one, marked begun. With one
 # (a slot free only once its result committed) a sender idles through every commit. It doubles what

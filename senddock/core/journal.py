@@ -31,7 +31,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the queue's value types, for annotations only
-    from senddock.core.queue import ClaimedJob, ResultRow
+    from senddock.store.jobs import ClaimedJob, ResultRow
 
 _NO_ATTRIBUTES = MappingProxyType({})
 

@@ -22,7 +22,7 @@ import uuid
 
 import psycopg
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 from senddock.errors import DatabaseError, UsageError
 
 NAME_LOCK_CLASS = 0x5E4E

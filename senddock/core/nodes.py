@@ -7,48 +7,32 @@ the node may still send: a node cut off from Postgres stops sending before anyon
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import psycopg
 import structlog
 from psycopg.rows import dict_row
 
 from senddock.config import Config
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.node_names import NOT_A_SESSION, NodeNameTaken, NotASession, check_lock_is_ours, claim_name
-from senddock.core.pooler import shares_sessions
-from senddock.core.queries import query
+from senddock.store.node_identity import LOCK_CLASS, NodeIdentity
+from senddock.store.pooler import shares_sessions
+from senddock.store.queries import query
 from senddock.core.waits import Waits
 from senddock.errors import SenddockError, error_line
 
 log = structlog.get_logger(__name__)
 
-# First key of every node's advisory lock: pg_advisory_lock(LOCK_CLASS, nodes.lock_id).
-LOCK_CLASS = 0x5E4D
 NOTIFY_CHANNEL = "senddock_jobs"
 # How often the lifeline, waiting for notifications, looks whether the node is stopping: a node's
 # last step on the way out waits for it (it marks the node stopped), up to this long.
 STOP_CHECK = 0.05
-
-
-@dataclass(frozen=True)
-class NodeIdentity:
-    id: uuid.UUID
-    name: str
-    host: str
-    pid: int
-
-    @classmethod
-    def new(cls, name: str) -> NodeIdentity:
-        """``name`` may be empty until the lifeline has chosen one (see node_names)."""
-        return cls(id=uuid.uuid4(), name=name, host=socket.gethostname(), pid=os.getpid())
 
 
 def fence_after(heartbeat: float, lease: float) -> float:

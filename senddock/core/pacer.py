@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 import psycopg
 import structlog
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 from senddock.pacing.adaptive import Adaptive
 from senddock.pacing.limits import Limit
 

@@ -20,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 import structlog
 
 from senddock.core.pacer import Pacer
-from senddock.core.queue import ClaimedJob, Queue
+from senddock.store.jobs import ClaimedJob, JobQueue
 from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for, throttled_limit
 from senddock.pacing.rates import Rate, parse_campaign_rate
 
@@ -69,7 +69,7 @@ class PacingGate:
         return limits_for(self._pacing, transport=self._transport, domain=job.domain,
                           campaign_id=job.campaign_id, campaign_rate=campaign_rate(job.send_rate))
 
-    def admit(self, queue: Queue, token: uuid.UUID, jobs: Sequence[ClaimedJob]) -> list[ClaimedJob]:
+    def admit(self, queue: JobQueue, token: uuid.UUID, jobs: Sequence[ClaimedJob]) -> list[ClaimedJob]:
         """Take the limits for ``jobs`` (claimed unmarked under ``token``); mark the admitted ones
         begun, put the others back due when their limits have room. Returns the jobs marked begun.
 
@@ -94,7 +94,7 @@ class PacingGate:
                     room[group.name] -= count
             return self._admit(queue, token, groups, room)
 
-    def throttled(self, queue: Queue, jobs: Sequence[ClaimedJob]) -> None:
+    def throttled(self, queue: JobQueue, jobs: Sequence[ClaimedJob]) -> None:
         """Throttling replies to these sends: slow down (adaptive pacing) the limit of the provider
         that sent each, once per statement for all nodes (see senddock.pacing.adaptive)."""
         if not self._pacing.adaptive:
@@ -106,7 +106,7 @@ class PacingGate:
     def _group(self, job: ClaimedJob) -> DomainGroup | None:
         return self._pacing.group_for(job.domain)
 
-    def _admit(self, queue: Queue, token: uuid.UUID, groups: dict[tuple[Limit, ...], list[ClaimedJob]],
+    def _admit(self, queue: JobQueue, token: uuid.UUID, groups: dict[tuple[Limit, ...], list[ClaimedJob]],
                room: dict[str, int]) -> list[ClaimedJob]:
         pacer = Pacer(queue.conn, self._pacing.adaptive, self._pacing.latency_margin)
         admitted: list[ClaimedJob] = []

@@ -14,7 +14,7 @@ import structlog
 
 from senddock import defaults
 from senddock.config import Config
-from senddock.core.queue import JobResult
+from senddock.store.jobs import JobResult
 from senddock.outcome import Classification, Message, Outcome, RetryDecision, SendResult
 
 if TYPE_CHECKING:  # annotations only: rendering (Jinja2, DKIM) is no import of a status query

@@ -28,14 +28,15 @@ from senddock.core.breaker import Prober
 from senddock.core.claimer import Claimer
 from senddock.core.completer import Completer
 from senddock.core.content import ContentCache
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.inflight import DECK_FLOOR, RUNWAY, Deck, Halts, HeldClaims, Slots
 from senddock.core.journal import Journal
-from senddock.core.migrations import applied_versions, latest_version
-from senddock.core.nodes import Lifeline, NodeIdentity
+from senddock.store.migrations import applied_versions, latest_version
+from senddock.core.nodes import Lifeline
+from senddock.store.node_identity import NodeIdentity
 from senddock.core.pacing_gate import PacingGate
-from senddock.core.queue import Queue
+from senddock.store.jobs import JobQueue
 from senddock.core.senders import Senders
 from senddock.core.waits import Waits, Watchdog
 from senddock.errors import ConfigError, DatabaseError, SenddockError, error_line
@@ -124,8 +125,8 @@ class Runner:
         """The claim tokens this node holds (its orphan recovery leaves them alone)."""
         return self.held_claims.tokens()
 
-    def queue(self, conn: psycopg.Connection) -> Queue:
-        return Queue(conn, self.node, result_commit=self.config.database.result_commit, webhooks=self.webhooks,
+    def queue(self, conn: psycopg.Connection) -> JobQueue:
+        return JobQueue(conn, self.node, result_commit=self.config.database.result_commit, webhooks=self.webhooks,
                      lease=self.config.recovery.lease)
 
     # -- shared by the parts of the node -------------------------------------------------------
@@ -145,7 +146,7 @@ class Runner:
             if not self.stopping.is_set():
                 self._wake.wait(self.config.poll_interval if timeout is None else timeout)
 
-    def finish_campaigns(self, queue: Queue, broadcast_ids: Iterable[int] | None = None) -> None:
+    def finish_campaigns(self, queue: JobQueue, broadcast_ids: Iterable[int] | None = None) -> None:
         targets = list(broadcast_ids) if broadcast_ids is not None else [None]
         for broadcast_id in targets:
             for campaign_id, finished_broadcast in queue.finish_campaigns(broadcast_id):
@@ -251,7 +252,7 @@ class Runner:
         except psycopg.OperationalError as exc:
             log.warning("chores_db_lost", error=error_line(exc))
 
-    def _report_unsettled(self, queue: Queue) -> None:
+    def _report_unsettled(self, queue: JobQueue) -> None:
         """Claims wait while a live node has not settled in the server's current epoch (after a
         failover or a crash that lost WAL): said once a lease, naming them, if it lasts."""
         waiting = queue.unsettled_nodes()
@@ -338,7 +339,7 @@ class Runner:
         self.deliverers.start()
 
     @contextmanager
-    def _pooled_queue(self) -> Iterator[Queue]:
+    def _pooled_queue(self) -> Iterator[JobQueue]:
         with self.db.connection() as conn:
             yield self.queue(conn)
 

@@ -24,7 +24,7 @@ from senddock.core.completer import Completer, Done
 from senddock.core.content import ContentCache
 from senddock.core.inflight import Halts
 from senddock.core.nodes import Lifeline
-from senddock.core.queue import ClaimedJob, ResultRow
+from senddock.store.jobs import ClaimedJob, ResultRow
 from senddock.mail.compose import BadRecipient, Composer
 from senddock.observe.node_metrics import NodeMetrics
 from senddock.mail.templates import TemplateError

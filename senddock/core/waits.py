@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import psycopg
 import structlog
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 from senddock.errors import error_line
 
 log = structlog.get_logger(__name__)

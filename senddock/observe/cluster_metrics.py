@@ -27,9 +27,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from senddock.config import Config
-from senddock.core.db import Database
-from senddock.core.pacing_status import pacing_status
-from senddock.core.queries import query
+from senddock.store.db import Database
+from senddock.domain.pacing_status import pacing_status
+from senddock.store.queries import query
 from senddock.errors import SenddockError, error_line
 
 log = structlog.get_logger(__name__)

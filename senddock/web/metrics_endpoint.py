@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from senddock.config import Config
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.durations import parse_duration
 from senddock.observe.cluster_metrics import ClusterCollector
 

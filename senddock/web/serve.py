@@ -37,10 +37,10 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from senddock.config import Config
-from senddock.core import subscribers
-from senddock.core.db import Database
-from senddock.core.events import UnknownMessage, apply_events
-from senddock.core.suppressions import Suppressions
+from senddock.domain import subscribers
+from senddock.store.db import Database
+from senddock.domain.events import UnknownMessage, apply_events
+from senddock.store.suppressions import Suppressions
 from senddock.durations import parse_duration
 from senddock.mail.unsubscribe import BadToken, UnsubscribeToken, read_token
 from senddock.outcome import EventError

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from senddock.errors import InvalidInput, NotFound
-from senddock.webhooks import outbox
+from senddock.store import outbox
 from senddock.webhooks.settings import endpoint_id, endpoints
 
 _MSG_ID = re.compile(r"^msg_(?P<uuid>[0-9a-f-]{36})$")

@@ -20,10 +20,11 @@ from collections.abc import Sequence
 import psycopg
 import structlog
 
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.errors import error_line
 from senddock.observe.node_metrics import NodeMetrics
-from senddock.webhooks import outbox, signing
+from senddock.store import outbox
+from senddock.webhooks import signing
 from senddock.webhooks.http import Reply, post
 from senddock.webhooks.settings import Endpoint
 

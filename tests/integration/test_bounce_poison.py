@@ -21,8 +21,8 @@ from tests_support import suppressed
 
 from senddock.bounces.parsing import parse_mail
 from senddock.bounces.receiver import ReceiveSettings, _Handler
-from senddock.core import mail_events
-from senddock.core.mail_events import OUTCOMES
+from senddock.domain import mail_events
+from senddock.domain.mail_events import OUTCOMES
 
 SAMPLES = sorted((Path(__file__).resolve().parents[1] / "bounce_samples").glob("*.eml"))
 NUL_RECIPIENT = b"""From: MAILER-DAEMON@mx.example.net

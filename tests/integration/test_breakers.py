@@ -10,8 +10,8 @@ import psycopg
 
 from senddock.api import Senddock
 from senddock.core.epoch import ensure_epoch
-from senddock.core.nodes import NodeIdentity
-from senddock.core.queue import JobResult, Queue
+from senddock.store.node_identity import NodeIdentity
+from senddock.store.jobs import JobResult, JobQueue
 from senddock.sink import FailRule, Sink
 from senddock.testing import drain, fast_settings
 from tests_support import jobs_by_email, make_broadcast, running_node, suppressed, wait_for
@@ -243,7 +243,7 @@ def test_a_bounce_seen_under_a_lost_claim_still_suppresses(senddock_app, databas
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         ensure_epoch(conn)
         slow = NodeIdentity(__import__("uuid").uuid4(), "slow", "h", 1)
-        queue = Queue(conn, slow)
+        queue = JobQueue(conn, slow)
         [job] = queue.claim(1)
         # Meanwhile the job was taken over (its node looked dead): this claim is lost.
         conn.execute("UPDATE broadcast_jobs SET claim_token = gen_random_uuid()")
@@ -275,7 +275,7 @@ def test_pending_bounces_are_handled_by_one_node_each(senddock_app, database_dsn
     def take(node: NodeIdentity) -> None:
         with psycopg.connect(database_dsn, autocommit=True) as conn:
             barrier.wait()
-            taken[node.name] = [row["job_id"] for row in Queue(conn, node).pending_bounces(lease=30)]
+            taken[node.name] = [row["job_id"] for row in JobQueue(conn, node).pending_bounces(lease=30)]
 
     threads = [threading.Thread(target=take, args=(n,)) for n in nodes]
     for t in threads:
@@ -286,7 +286,7 @@ def test_pending_bounces_are_handled_by_one_node_each(senddock_app, database_dsn
     assert len(taken["one"]) + len(taken["two"]) == 40
     # Taken over by a live node, they are not handed to the other one afterwards either.
     with psycopg.connect(database_dsn, autocommit=True) as conn:
-        assert Queue(conn, nodes[1]).pending_bounces(lease=30) == []
+        assert JobQueue(conn, nodes[1]).pending_bounces(lease=30) == []
 
 
 def test_an_empty_claim_finishes_the_campaign_at_once(make_config, smtp_sink):
@@ -304,7 +304,7 @@ def test_probes_go_on_however_long_the_relay_stays_away(senddock_app, database_d
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute("UPDATE campaigns SET status = 'paused', paused_reason = 'relay_unavailable: test', "
                      "auto_resume = true, probe_at = now(), probes = 1100")
-        due = Queue(conn, NodeIdentity(__import__("uuid").uuid4(), "n", "h", 1)).probe_due(5.0, 300.0)
+        due = JobQueue(conn, NodeIdentity(__import__("uuid").uuid4(), "n", "h", 1)).probe_due(5.0, 300.0)
         wait = conn.execute("SELECT extract(epoch FROM probe_at - now()) FROM campaigns").fetchone()[0]
     assert due is not None and due[0] == campaign_id
     assert 290 < wait <= 300
@@ -323,7 +323,7 @@ def test_unsuppress_never_reaches_an_address_that_unsubscribed_or_complained_sin
     app, campaign_id, _ = _through_a_lying_relay(make_config, smtp_sink, 40, workers=1)
     assert _campaign(app, campaign_id)[:2] == ("paused", "bounce_rate")
     # Two of the wrongly bounced addresses then unsubscribe, a third complains.
-    from senddock.core.suppressions import Suppressions
+    from senddock.store.suppressions import Suppressions
 
     app.unsubscribe("user0@example.com")
     Suppressions(app.db).add("user1@example.com", reason="complained")

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from senddock.core import campaigns as core_campaigns
+from senddock.domain import campaigns as core_campaigns
 from senddock.errors import InvalidInput
 from senddock.sink import FailRule, Sink
 from senddock.testing import drain, fast_settings

@@ -13,8 +13,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from senddock.api import Senddock
-from senddock.core.nodes import NodeIdentity
-from senddock.core.queue import Queue
+from senddock.store.node_identity import NodeIdentity
+from senddock.store.jobs import JobQueue
 from senddock.errors import InvalidState, UsageError
 from senddock.testing import drain, fast_settings
 from tests_support import make_broadcast
@@ -233,7 +233,7 @@ def test_the_claim_reads_each_campaigns_rate_afresh(make_config, database_dsn):
     gate = PacingGate(PacingSettings(), "smtp")
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'reader', 'h', 1)", (node.id,))
-        queue = Queue(conn, node)
+        queue = JobQueue(conn, node)
         other, first = sorted(queue.claim(2, begun=True), key=lambda j: j.campaign_id)
         assert (first.campaign_id, first.send_rate, first.send_begun) == (with_rate, "100/min", False)
         assert (other.campaign_id, other.send_rate, other.send_begun) == (without, None, True)

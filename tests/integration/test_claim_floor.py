@@ -22,9 +22,9 @@ import psycopg
 import pytest
 
 from senddock.api import Senddock
-from senddock.core import campaigns
-from senddock.core.queries import query
-from senddock.core.queue import ClaimedJob, JobResult, Queue
+from senddock.domain import campaigns
+from senddock.store.queries import query
+from senddock.store.jobs import ClaimedJob, JobResult, JobQueue
 from senddock.core.runner import Runner
 from senddock.testing import fast_settings
 from tests_support import make_broadcast, register, sent_count, start_node, wait_for, write_config
@@ -90,7 +90,7 @@ def test_a_claim_costs_the_same_after_thousands_of_drained_jobs_while_an_old_sna
         next_campaign = enqueue_bulk(senddock_app, conn, "next", 2000)
         conn.execute("VACUUM ANALYZE broadcast_jobs")
         node = register(conn, "drainer")
-        queue = Queue(conn, node)
+        queue = JobQueue(conn, node)
         runner = Runner(senddock_app.config, workers=1)
         try:
             if holder == "repeatable_read":  # a report, a pg_dump...
@@ -149,7 +149,7 @@ def test_no_put_back_is_ever_stranded_below_the_floor(senddock_app, database_dsn
     with psycopg.connect(database_dsn, autocommit=True) as conn_a, \
             psycopg.connect(database_dsn, autocommit=True) as conn_b, \
             psycopg.connect(database_dsn) as other:  # transactions left open on purpose
-        a, b = Queue(conn_a, register(conn_a, "a")), Queue(conn_b, register(conn_b, "b"))
+        a, b = JobQueue(conn_a, register(conn_a, "a")), JobQueue(conn_b, register(conn_b, "b"))
 
         def raised_past(jobs: list[ClaimedJob]) -> None:
             b.raise_claim_floors()
@@ -181,7 +181,7 @@ def test_no_put_back_is_ever_stranded_below_the_floor(senddock_app, database_dsn
         # A claim that rolls back: its jobs are still 'pending' to the poll, which raises the floor
         # no further than them, although another node claimed and committed the next ones meanwhile.
         other.execute("SELECT 1")
-        rolled_back = Queue(other, a.node).claim(3)
+        rolled_back = JobQueue(other, a.node).claim(3)
         ahead = b.claim(3)
         b.raise_claim_floors()
         assert floor_id(conn_b) == min(j.id for j in rolled_back)
@@ -200,7 +200,7 @@ def test_no_put_back_is_ever_stranded_below_the_floor(senddock_app, database_dsn
         # Recovered from a dead node: the batch's first job is in doubt (retried), the others were
         # never started and go back to 'pending'.
         gone = register(conn_a, "gone")
-        jobs = Queue(conn_a, gone).claim(3)
+        jobs = JobQueue(conn_a, gone).claim(3)
         raised_past(jobs)
         conn_a.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (gone.id,))
         recovered = b.recover(lease=30, in_doubt="retry", max_rescues=5)
@@ -213,7 +213,7 @@ def test_no_put_back_is_ever_stranded_below_the_floor(senddock_app, database_dsn
         jobs = a.claim(3)
         raised_past(jobs)
         other.execute("SELECT 1")
-        assert Queue(other, a.node).release(jobs) == 3  # not committed yet
+        assert JobQueue(other, a.node).release(jobs) == 3  # not committed yet
         b.raise_claim_floors()
         assert floor_id(conn_b) > max(j.id for j in jobs)
         other.commit()
@@ -250,8 +250,8 @@ def test_random_claims_put_backs_and_polls_never_strand_a_job(senddock_app, data
     rng = random.Random(20261203)
     campaign_id = make_broadcast(senddock_app, [f"user{i:03d}@example.com" for i in range(150)])
     with psycopg.connect(database_dsn, autocommit=True) as conn, psycopg.connect(database_dsn) as tx:
-        nodes = [Queue(conn, register(conn, name)) for name in ("one", "two")]
-        held: list[tuple[Queue, list[ClaimedJob]]] = []
+        nodes = [JobQueue(conn, register(conn, name)) for name in ("one", "two")]
+        held: list[tuple[JobQueue, list[ClaimedJob]]] = []
         for _ in range(400):
             queue = rng.choice(nodes)
             step = rng.choice(["claim", "claim", "send", "send", "release", "token", "pause", "rollback",
@@ -261,7 +261,7 @@ def test_random_claims_put_backs_and_polls_never_strand_a_job(senddock_app, data
                     held.append((queue, batch))
             elif step == "rollback":
                 tx.execute("SELECT 1")
-                Queue(tx, queue.node).claim(rng.randint(1, 5))
+                JobQueue(tx, queue.node).claim(rng.randint(1, 5))
                 queue.raise_claim_floors()
                 tx.rollback()
             elif step == "poll":
@@ -269,7 +269,7 @@ def test_random_claims_put_backs_and_polls_never_strand_a_job(senddock_app, data
             elif step == "die":
                 # A node found dead: its unstarted jobs come back (the first of each batch in doubt).
                 victim = register(conn, "victim")
-                Queue(conn, victim).claim(rng.randint(1, 5))
+                JobQueue(conn, victim).claim(rng.randint(1, 5))
                 conn.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (victim.id,))
                 queue.recover(lease=30, in_doubt="retry", max_rescues=50)
             elif held:

@@ -13,7 +13,7 @@ import uuid
 
 import psycopg
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 from tests_support import make_broadcast
 
 

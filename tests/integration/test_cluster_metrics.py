@@ -73,11 +73,11 @@ def test_tallies_follow_every_change_and_fold_to_one_row_per_key(make_config):
         app.suppress("manual@example.org")
         app.unsuppress("bounce1@example.net")
         assert_tallies_true(app)
-    from senddock.core.queue import Queue
+    from senddock.store.jobs import JobQueue
 
     with app.db.connection() as conn:  # the node's sessions ended: their rows fold into shard 0
         before = conn.execute("SELECT count(*) FROM tallies").fetchone()[0]
-        assert Queue(conn, node.node).fold_tallies() > 0
+        assert JobQueue(conn, node.node).fold_tallies() > 0
         assert conn.execute("SELECT count(*) FROM tallies WHERE shard <> 0 "
                             "AND shard NOT IN (SELECT pid FROM pg_stat_activity)").fetchone()[0] == 0
         assert conn.execute("SELECT count(*) FROM tallies WHERE shard = 0 AND n = 0").fetchone()[0] == 0

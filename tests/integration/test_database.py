@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from senddock.core import db as db_module
-from senddock.core.db import Database, _PromptPool
+from senddock.store import db as db_module
+from senddock.store.db import Database, _PromptPool
 from senddock.errors import DatabaseError
 from senddock.testing import with_database
 

@@ -248,7 +248,7 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
     mistakes its own result for a lost claim (the pause it carries is applied)."""
     import psycopg
 
-    from senddock.core.queue import Queue
+    from senddock.store.jobs import JobQueue
     from senddock.sink import Sink
 
     with Sink("127.0.0.1", 0, credentials=("mailer", "right-password")) as relay:
@@ -257,7 +257,7 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
         settings["smtp"].update(username="mailer", password="${SMTP_PASSWORD}")
         app = app_for(settings)
         campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])
-        original, calls = Queue.commit_group, []
+        original, calls = JobQueue.commit_group, []
 
         def commit_then_lose_the_reply(self, *args, **kwargs):
             committed = original(self, *args, **kwargs)
@@ -267,7 +267,7 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
                     raise psycopg.OperationalError("server closed the connection unexpectedly")
             return committed
 
-        monkeypatch.setattr(Queue, "commit_group", commit_then_lose_the_reply)
+        monkeypatch.setattr(JobQueue, "commit_group", commit_then_lose_the_reply)
         drain(app.config)
     assert len(calls) == 1  # the retry found the committed result instead of writing it again
     status = app.campaign_status(campaign_id)
@@ -286,14 +286,14 @@ def test_a_connection_lost_in_the_aftermath_of_a_commit_still_finishes_it(app_fo
 
     import psycopg
 
-    from senddock.core.queue import Queue
+    from senddock.store.jobs import JobQueue
     from senddock.core.runner import Runner
 
     smtp_sink.handler.rules = [FailRule.parse("bounce*@*=550 5.1.1 no such user")]
     app = app_for(fast_settings(smtp_sink.port, concurrency=2))
     emails = ["ok1@example.com", "bounce1@example.com", "ok2@example.com", "ok3@example.com"]
     campaign_id = make_broadcast(app, emails)
-    original, checks = Queue.bounce_check, []
+    original, checks = JobQueue.bounce_check, []
 
     def lose_the_connection_once(self, *args, **kwargs):
         checks.append(args)
@@ -301,7 +301,7 @@ def test_a_connection_lost_in_the_aftermath_of_a_commit_still_finishes_it(app_fo
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(Queue, "bounce_check", lose_the_connection_once)
+    monkeypatch.setattr(JobQueue, "bounce_check", lose_the_connection_once)
     runner = Runner(app.config, exit_when_idle=True)
     thread = threading.Thread(target=runner.run)
     thread.start()

@@ -16,7 +16,7 @@ import pytest
 from senddock.api import Senddock
 from senddock.core.completer import LINGER_IN_FLIGHT
 from senddock.core.inflight import RUNWAY
-from senddock.core.queue import JobResult, Queue, ResultRow
+from senddock.store.jobs import JobResult, JobQueue, ResultRow
 from senddock.testing import drain, fast_settings
 from tests_support import duplicates_and_in_doubt, kill_while_sending, make_broadcast, register, start_node, write_config
 
@@ -33,7 +33,7 @@ def test_one_group_commit_fences_each_result_by_its_own_claim(senddock_app, data
     campaign_id = make_broadcast(senddock_app, emails)
     with psycopg.connect(database_dsn, autocommit=True) as conn_a, psycopg.connect(database_dsn, autocommit=True) as conn_b:
         slow, fast = register(conn_a, "slow"), register(conn_b, "fast")
-        mine = {j.email: j for j in Queue(conn_a, slow).claim(4, begun=True)}
+        mine = {j.email: j for j in JobQueue(conn_a, slow).claim(4, begun=True)}
         assert all(j.send_begun for j in mine.values())
         # The slow node's claims of two jobs were taken over meanwhile (its lease ran out).
         conn_b.execute("UPDATE broadcast_jobs SET claim_token = %s, claimed_by = %s WHERE email = ANY(%s)",
@@ -42,7 +42,7 @@ def test_one_group_commit_fences_each_result_by_its_own_claim(senddock_app, data
                 ResultRow(mine["taken@example.com"], 1, None, RETRY),
                 ResultRow(mine["late@example.com"], 1, None, SENT),
                 ResultRow(mine["pause@example.com"], 0, None, PAUSE, pause_reason="auth_failed")]
-        recorded = Queue(conn_a, slow).record_results(rows)
+        recorded = JobQueue(conn_a, slow).record_results(rows)
         by_email = {e: recorded[mine[e].id] for e in emails}
         jobs = dict(conn_a.execute("SELECT email, status FROM broadcast_jobs").fetchall())
         log = {r[0]: r[1:] for r in conn_a.execute(
@@ -69,10 +69,10 @@ def test_a_group_commit_names_the_campaigns_stopped_since_their_jobs_were_claime
     sending = make_broadcast(senddock_app, ["e@example.com", "f@example.com"], list_name="third")
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         node = register(conn, "solo")
-        jobs = Queue(conn, node).claim(6, begun=True)
+        jobs = JobQueue(conn, node).claim(6, begun=True)
         senddock_app.pause_campaign(paused)
         senddock_app.cancel_campaign(cancelled)
-        committed = Queue(conn, node).commit_group([ResultRow(job, 1, None, SENT) for job in jobs])
+        committed = JobQueue(conn, node).commit_group([ResultRow(job, 1, None, SENT) for job in jobs])
     assert committed.stopped == {paused, cancelled}
     assert all(r.recorded for r in committed.recorded.values())
     assert sending not in committed.stopped
@@ -85,7 +85,7 @@ def test_a_group_commit_marks_the_deck_begun_only_under_each_jobs_own_claim(send
     make_broadcast(senddock_app, ["p1@example.com", "p2@example.com"], list_name="paused")
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         node = register(conn, "deck")
-        queue = Queue(conn, node)
+        queue = JobQueue(conn, node)
         [sending] = queue.claim(1, begun=True)
         [same_campaign] = queue.claim(1, begun=False)
         make_broadcast(senddock_app, ["a1@example.com", "a2@example.com", "a3@example.com"], list_name="deck")

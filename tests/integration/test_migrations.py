@@ -8,7 +8,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from senddock.api import Senddock
-from senddock.core import migrations
+from senddock.store import migrations
 from senddock.errors import DatabaseError
 from senddock.testing import create_database, drop_database
 

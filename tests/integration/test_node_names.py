@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from senddock.api import Senddock
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.core.node_names import NAME_LOCK_CLASS, NodeNameTaken, NotASession
-from senddock.core.nodes import LOCK_CLASS, Lifeline, NodeIdentity
+from senddock.core.nodes import Lifeline
+from senddock.store.node_identity import LOCK_CLASS, NodeIdentity
 from senddock.core.runner import Runner
 from senddock.testing import fast_settings
 from tests_support import make_broadcast, sent_count, start_node, wait_for, write_config

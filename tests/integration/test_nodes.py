@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from senddock.api import Senddock
-from senddock.core.queue import JobResult, Queue
+from senddock.store.jobs import JobResult, JobQueue
 from senddock.core.runner import Runner
 from senddock.testing import fast_settings
 from tests_support import (jobs_by_email, make_broadcast, register, sent_count, start_node, still_true, wait_for,
@@ -76,7 +76,7 @@ def test_a_fenced_out_worker_cannot_overwrite_the_reassigned_job(senddock_app, d
     with psycopg.connect(database_dsn, autocommit=True) as conn_a, psycopg.connect(database_dsn, autocommit=True) as conn_b:
         slow = register(conn_a, "slow")
         fast = register(conn_b, "fast")
-        queue_a, queue_b = Queue(conn_a, slow), Queue(conn_b, fast)
+        queue_a, queue_b = JobQueue(conn_a, slow), JobQueue(conn_b, fast)
         first_a, second_a = queue_a.claim(5)  # the slow node is sending the first; the second waits
         # The slow node's lease runs out while it is still sending (the server kept running).
         conn_a.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 second' WHERE id = %s", (slow.id,))
@@ -113,12 +113,12 @@ def test_after_the_server_lost_wal_every_job_of_a_dead_node_is_in_doubt(senddock
     make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         gone = register(conn, "gone")
-        Queue(conn, gone, result_commit=result_commit).claim(5)
+        JobQueue(conn, gone, result_commit=result_commit).claim(5)
         if wal_lost:
             conn.execute("DELETE FROM server_epoch")  # what crash recovery or a promotion does to it
         conn.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (gone.id,))
         survivor = register(conn, "survivor")
-        recovered = Queue(conn, survivor).recover(lease=30, in_doubt="retry", max_rescues=5)
+        recovered = JobQueue(conn, survivor).recover(lease=30, in_doubt="retry", max_rescues=5)
     # Without a loss of WAL, the batch's order holds: only its first job may have been sending.
     assert sorted((r.email, r.in_doubt) for r in recovered) == [
         ("a@example.com", True), ("b@example.com", wal_lost and result_commit == "async")]
@@ -130,7 +130,7 @@ def test_a_live_nodes_orphaned_jobs_come_back_with_the_batch_rule(senddock_app, 
     make_broadcast(senddock_app, ["a@example.com", "b@example.com", "c@example.com"])
     with psycopg.connect(database_dsn, autocommit=True) as conn:
         me = register(conn, "me")
-        queue = Queue(conn, me)
+        queue = JobQueue(conn, me)
         held = queue.claim(2)
         # Claimed a while ago, but after the server's start (a fresh embedded server may be young).
         uptime = conn.execute("SELECT extract(epoch FROM now() - pg_postmaster_start_time())").fetchone()[0]
@@ -148,18 +148,18 @@ def test_a_live_nodes_orphaned_jobs_come_back_with_the_batch_rule(senddock_app, 
 
 def test_a_live_node_of_the_same_name_keeps_its_jobs(senddock_app, database_dsn):
     """Recovery by name needs proof of death: a held lifeline lock protects a live incarnation."""
-    from senddock.core.nodes import LOCK_CLASS
+    from senddock.store.node_identity import LOCK_CLASS
 
     make_broadcast(senddock_app, ["a@example.com", "b@example.com"])
     with psycopg.connect(database_dsn, autocommit=True) as lifeline, psycopg.connect(database_dsn, autocommit=True) as other:
         live = register(lifeline, "twin")
         lock_id = lifeline.execute("SELECT lock_id FROM nodes WHERE id = %s", (live.id,)).fetchone()[0]
         assert lifeline.execute("SELECT pg_try_advisory_lock(%s, %s)", (LOCK_CLASS, lock_id)).fetchone()[0]
-        Queue(lifeline, live).claim(5)
+        JobQueue(lifeline, live).claim(5)
         newcomer = register(other, "twin")
-        assert Queue(other, newcomer).recover(lease=30, in_doubt="retry", max_rescues=5) == []
+        assert JobQueue(other, newcomer).recover(lease=30, in_doubt="retry", max_rescues=5) == []
         lifeline.execute("SELECT pg_advisory_unlock_all()")  # the incarnation dies: its lock is gone
-        recovered = Queue(other, newcomer).recover(lease=30, in_doubt="retry", max_rescues=5)
+        recovered = JobQueue(other, newcomer).recover(lease=30, in_doubt="retry", max_rescues=5)
     assert sorted(r.email for r in recovered) == ["a@example.com", "b@example.com"]
 
 
@@ -171,7 +171,7 @@ def test_two_nodes_finishing_the_last_two_jobs_at_once_finish_the_campaign(sendd
     def finish_one(name: str) -> None:
         try:
             with psycopg.connect(database_dsn, autocommit=True) as conn:
-                queue = Queue(conn, register(conn, name))
+                queue = JobQueue(conn, register(conn, name))
                 [job] = queue.claim(1)
                 barrier.wait()
                 queue.record(job, 1, None, JobResult(status="sent", outcome="sent", counts=True, ok=True))
@@ -348,7 +348,7 @@ def test_due_retries_are_claimed_before_pending_jobs(senddock_app, database_dsn)
                      "WHERE email IN ('user17@example.com', 'user18@example.com')")
         conn.execute("UPDATE broadcast_jobs SET status = 'retry', attempts = 1, next_attempt_at = now() + interval '1 hour' "
                      "WHERE email = 'user19@example.com'")
-        queue = Queue(conn, register(conn, "orderly"))
+        queue = JobQueue(conn, register(conn, "orderly"))
         first = queue.claim(3)
         locks = conn.execute("SELECT count(*) FROM broadcast_jobs WHERE status = 'sending'").fetchone()[0]
     # The two due retries first, then the oldest pending job; the retry due in an hour waits.

@@ -202,7 +202,7 @@ def test_the_gate_keeps_the_latency_margin_back_from_an_idle_limits_burst(make_c
     import psycopg
 
     from senddock.core.pacing_gate import PacingGate
-    from senddock.core.queue import Queue
+    from senddock.store.jobs import JobQueue
     from tests_support import register
 
     admitted = {}
@@ -211,7 +211,7 @@ def test_the_gate_keeps_the_latency_margin_back_from_an_idle_limits_burst(make_c
         make_broadcast(app, [f"user{i}@example.com" for i in range(100)])
         with psycopg.connect(database_dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM pacing_limits")  # each margin starts from an idle limit
-            queue = Queue(conn, register(conn, f"gate-{margin}"))
+            queue = JobQueue(conn, register(conn, f"gate-{margin}"))
             token = uuid.uuid4()
             jobs = queue.claim(100, token, begun=False)
             admitted[margin] = len(PacingGate(app.config.pacing, "smtp").admit(queue, token, jobs))

@@ -17,8 +17,8 @@ from tests_support import PgBouncer, senddock_executable, write_config
 
 from senddock.api import Senddock
 from senddock.config import load_config
-from senddock.core import migrations
-from senddock.core.nodes import LOCK_CLASS
+from senddock.store import migrations
+from senddock.store.node_identity import LOCK_CLASS
 from senddock.sink import Sink
 
 RECIPIENTS = 2000

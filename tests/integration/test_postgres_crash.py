@@ -16,8 +16,8 @@ from pathlib import Path
 import psycopg
 
 from senddock.core.epoch import ensure_epoch
-from senddock.core.nodes import NodeIdentity
-from senddock.core.queue import JobResult, Queue
+from senddock.store.node_identity import NodeIdentity
+from senddock.store.jobs import JobResult, JobQueue
 from senddock.sink import Sink
 from senddock.testing import crash_postgres, create_database, fast_settings, migrate_database
 from tests_support import campaign_status, make_broadcast, sent_count, start_node, wait_for, write_config
@@ -34,7 +34,7 @@ def _slow_wal_writer(dsn: str) -> None:
 def _app(dsn: str, tmp_path: Path, settings: dict):
     from senddock.api import Senddock
     from senddock.config import load_config
-    from senddock.core.db import Database
+    from senddock.store.db import Database
 
     config_path = write_config(tmp_path, settings)
     config = load_config(config_path, environ={"SENDDOCK_DATABASE_URL": dsn})
@@ -52,7 +52,7 @@ def test_results_lost_in_a_crash_restart_come_back_in_doubt(own_server, tmp_path
     node = NodeIdentity(uuid.uuid4(), "doomed", "h", 1)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'doomed', 'h', 1)", (node.id,))
-        queue = Queue(conn, node, result_commit="async")
+        queue = JobQueue(conn, node, result_commit="async")
         ensure_epoch(conn)
         batch = queue.claim(5)
         sent = JobResult(status="sent", outcome="sent", counts=True, last_result="250 ok", ok=True)
@@ -66,7 +66,7 @@ def test_results_lost_in_a_crash_restart_come_back_in_doubt(own_server, tmp_path
         statuses = dict(conn.execute("SELECT id, status FROM broadcast_jobs").fetchall())
         assert statuses[ids[0]] == statuses[ids[1]] == "sending", "the crash lost no WAL: the test proves nothing"
         conn.execute("UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = %s", (node.id,))
-        rescuer = Queue(conn, NodeIdentity(uuid.uuid4(), "rescuer", "h", 2))
+        rescuer = JobQueue(conn, NodeIdentity(uuid.uuid4(), "rescuer", "h", 2))
         ensure_epoch(conn)
         recovered = {j.id: j for j in rescuer.recover(lease=1, in_doubt="retry", max_rescues=3)}
         attempts = dict(conn.execute(

@@ -20,7 +20,7 @@ def test_restart_mid_broadcast_loses_nothing_and_no_node_takes_anothers_jobs(own
                              retry={"schedule": ["1s"], "max_retries": 20, "jitter": 0})
     from senddock.api import Senddock
     from senddock.config import load_config
-    from senddock.core.db import Database
+    from senddock.store.db import Database
 
     config_path = write_config(tmp_path, settings)
     config = load_config(config_path, environ={"SENDDOCK_DATABASE_URL": dsn})

@@ -192,7 +192,7 @@ def _message():
 
 
 def _content(app, campaign_id):
-    from senddock.core import campaigns
+    from senddock.domain import campaigns
 
     with app.db.connection() as conn:
         return campaigns.campaign_content(conn, campaign_id)

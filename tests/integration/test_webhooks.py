@@ -135,7 +135,7 @@ def test_410_gone_disables_the_endpoint(make_config):
         app.unsubscribe("a@example.com")  # already unsubscribed: no second event
         app.add_subscriber("b@example.com", lists=["news"])
         app.unsubscribe("b@example.com")
-        from senddock.webhooks import outbox as box
+        from senddock.store import outbox as box
         from senddock.webhooks.settings import endpoints
 
         with app.db.connection() as conn:
@@ -202,7 +202,7 @@ def test_an_event_never_delivered_dies_after_max_age_with_its_last_error(make_co
 
 
 def test_delivered_events_are_pruned_after_keep_delivered(make_config):
-    from senddock.webhooks import outbox as box
+    from senddock.store import outbox as box
     from senddock.webhooks.settings import endpoints
 
     with Receiver() as receiver:
@@ -249,7 +249,7 @@ def test_batches_are_json_arrays_each_event_with_its_id(make_config, smtp_sink):
 
 
 def test_the_outbox_is_written_with_the_fact_and_never_without_it(make_config):
-    from senddock.core.events import UnknownMessage
+    from senddock.domain.events import UnknownMessage
     from senddock.outcome import ProviderEvent
 
     with Receiver() as receiver:
@@ -285,7 +285,7 @@ def test_the_outbox_is_written_with_the_fact_and_never_without_it(make_config):
 
 
 def _apply(app, events):
-    from senddock.core.events import apply_events
+    from senddock.domain.events import apply_events
 
     return apply_events(app.db, app.config.plugin_manager, app.config, app.suppressions, events)
 
@@ -319,7 +319,7 @@ def test_bounces_at_the_send_and_the_bounce_rate_pause_are_events(make_config, s
 
 
 def test_an_unsubscribe_link_is_announced_once(make_config):
-    from senddock.core import subscribers
+    from senddock.domain import subscribers
     from senddock.webhooks.settings import subscriptions
 
     with Receiver() as receiver:

@@ -6,7 +6,7 @@ import inspect
 
 from psycopg_pool import ConnectionPool
 
-from senddock.core.db import _PromptAttempt, _PromptPool
+from senddock.store.db import _PromptAttempt, _PromptPool
 
 
 def test_the_pool_tries_again_after_a_tenth_of_a_second_doubling_to_one():

@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime, timezone
 
 from senddock.core.journal import Journal
-from senddock.core.queue import ClaimedJob, JobResult, ResultRow
+from senddock.store.jobs import ClaimedJob, JobResult, ResultRow
 
 
 def job(job_id: int) -> ClaimedJob:

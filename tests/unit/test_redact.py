@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from senddock.config import DatabaseSettings
-from senddock.core.db import Database
+from senddock.store.db import Database
 from senddock.errors import DatabaseError, error_line
 from senddock.redact import dsn_secrets, redact_dsn
 

@@ -13,7 +13,7 @@ from senddock.core.completer import Completer, Done
 from senddock.core.journal import Journal
 from senddock.core.waits import Waits
 from senddock.core.inflight import Deck, HeldClaims, Slots
-from senddock.core.queue import ClaimedJob, JobResult, ResultRow
+from senddock.store.jobs import ClaimedJob, JobResult, ResultRow
 
 
 def job(job_id: int, send_rate: str | None = None) -> ClaimedJob:

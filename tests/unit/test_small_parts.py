@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from senddock.core.queries import all_queries, without_comments
+from senddock.store.queries import all_queries, without_comments
 from senddock.durations import format_duration, parse_duration
 from senddock.redact import MASK, redact, redact_dsn
 from senddock.sizes import format_size, parse_size

@@ -11,9 +11,9 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from senddock.api import Senddock
-from senddock.core import campaign_control
-from senddock.core.campaigns import Campaign, CampaignStatus
-from senddock.core.queries import query
+from senddock.domain import campaign_control
+from senddock.domain.campaigns import Campaign, CampaignStatus
+from senddock.store.queries import query
 
 LOG_ROWS = 100  # attempts shown at once; a search by address narrows them
 OVERVIEW_ROWS = 100  # campaigns on the front page, newest first

@@ -28,10 +28,10 @@ from starlette.staticfiles import StaticFiles
 
 from senddock.api import Senddock
 from senddock.config import Config
-from senddock.core import campaign_control
-from senddock.core.campaigns import COMPLAINT_RATE_LIMIT
-from senddock.core.db import Database
-from senddock.core.queries import query
+from senddock.domain import campaign_control
+from senddock.domain.campaigns import COMPLAINT_RATE_LIMIT
+from senddock.store.db import Database
+from senddock.store.queries import query
 from senddock.durations import parse_duration
 from senddock.errors import InvalidState, NotFound, SenddockError
 from senddock.web.dashboard import charts, data

@@ -8,7 +8,7 @@ from datetime import datetime
 import psycopg
 from psycopg.rows import class_row
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 from senddock.errors import InvalidInput, NotFound
 
 

@@ -34,7 +34,7 @@ class Migration:
 
 
 def known_migrations() -> list[Migration]:
-    folder = resources.files("senddock.core.sql.migrations")
+    folder = resources.files("senddock.store.sql.migrations")
     found = []
     for entry in folder.iterdir():
         match = _FILE.match(entry.name)

@@ -6,8 +6,8 @@ import psycopg
 import structlog
 from psycopg.rows import dict_row
 
-from senddock.core.db import Database
-from senddock.core.queries import query
+from senddock.store.db import Database
+from senddock.store.queries import query
 from senddock.mail.addresses import check_address
 from senddock.outcome import SUPPRESSION_REASONS as REASONS
 

@@ -152,13 +152,13 @@ class Database:
     @property
     def transaction_pooled(self) -> bool:
         """Whether ``dsn`` goes through a pooler in transaction mode (``database.pool_mode``;
-        ``auto`` without ``direct_dsn`` asks the server once, see :mod:`senddock.core.pooler`)."""
+        ``auto`` without ``direct_dsn`` asks the server once, see :mod:`senddock.store.pooler`)."""
         if self._pooled is None:
             self._pooled = self._probe_pooling()
         return self._pooled
 
     def _probe_pooling(self) -> bool:
-        from senddock.core import pooler
+        from senddock.store import pooler
 
         def connect() -> psycopg.Connection:
             return psycopg.connect(self.dsn, **self._base_kwargs(), prepare_threshold=None)

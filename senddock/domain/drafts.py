@@ -13,11 +13,11 @@ from dataclasses import dataclass, replace
 import psycopg
 from psycopg.rows import dict_row
 
-from senddock.core import campaigns
+from senddock.domain import campaigns
 from senddock.mail.render_limits import DEFAULT_LIMITS, RenderLimits
-from senddock.core.campaign_rate import send_rate_text
-from senddock.core.campaigns import Campaign, CampaignDraft, get_campaign
-from senddock.core.queries import query
+from senddock.domain.campaign_rate import send_rate_text
+from senddock.domain.campaigns import Campaign, CampaignDraft, get_campaign
+from senddock.store.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound, UsageError
 from senddock.wording import is_status, plural
 

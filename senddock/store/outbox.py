@@ -13,7 +13,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 from senddock.webhooks.settings import EVENT_TYPES, Endpoint, Subscriptions
 
 

@@ -13,13 +13,13 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from senddock.core.lists import get_list
-from senddock.core.queries import query
+from senddock.domain.lists import get_list
+from senddock.store.queries import query
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import InvalidInput, NotFound, UsageError
 from senddock.mail import headertext
 from senddock.mail.addresses import check_address
-from senddock.webhooks import outbox
+from senddock.store import outbox
 from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
 
 

@@ -25,7 +25,7 @@ def without_comments(sql: str) -> str:
 
 @cache
 def all_queries() -> dict[str, str]:
-    text = resources.files("senddock.core.sql").joinpath("queries.sql").read_text(encoding="utf-8")
+    text = resources.files("senddock.store.sql").joinpath("queries.sql").read_text(encoding="utf-8")
     parts = _HEADER.split(text)
     # parts: [preamble, name1, body1, name2, body2, ...]
     queries: dict[str, str] = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from senddock.core.queries import query
+from senddock.store.queries import query
 from senddock.pacing.limits import PacingSettings
 from senddock.pacing.rates import Rate, format_rate_like, parse_rate
 

@@ -13,9 +13,9 @@ import psycopg
 from psycopg.rows import class_row, dict_row
 
 from senddock.config import BreakerSettings
-from senddock.core.nodes import LOCK_CLASS, NodeIdentity
-from senddock.core.queries import query
-from senddock.webhooks import outbox
+from senddock.store.node_identity import LOCK_CLASS, NodeIdentity
+from senddock.store.queries import query
+from senddock.store import outbox
 from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
 
 # pg_advisory_xact_lock(class, key) class of a domain group's concurrency room (0x5E4D: node locks).
@@ -124,7 +124,7 @@ def _result_fields(row: ResultRow, tokens: dict[uuid.UUID, str]) -> dict[str, An
     }
 
 
-class Queue:
+class JobQueue:
     """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
 
     def __init__(self, conn: psycopg.Connection, node: NodeIdentity, *, result_commit: str = "async",
@@ -397,7 +397,7 @@ def result_events(rows: Sequence[ResultRow], recorded: dict[int, Recorded]) -> l
 
 def bounce_check(conn: psycopg.Connection, webhooks: Subscriptions, campaign_id: int, broadcast_id: int,
                  breaker: BreakerSettings) -> tuple[bool, bool]:
-    """The bounce-rate breaker after a bounce, at the send or later (see Queue.bounce_check); a
+    """The bounce-rate breaker after a bounce, at the send or later (see JobQueue.bounce_check); a
     trip writes its campaign_paused event in the same transaction."""
     params = {"campaign_id": campaign_id, "broadcast_id": broadcast_id, "rate": breaker.bounce_rate,
               "window": breaker.bounce_window, "early_bounces": breaker.early_bounces,

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from senddock.core.campaign_rate import send_rate_text
-from senddock.core.lists import get_list
-from senddock.core.queries import query
+from senddock.domain.campaign_rate import send_rate_text
+from senddock.domain.lists import get_list
+from senddock.store.queries import query
 from senddock.errors import InvalidInput, InvalidState, NotFound
 from senddock.mail.addresses import check_mailbox
 from senddock.mail.render_limits import DEFAULT_LIMITS, RenderLimits
@@ -20,7 +20,7 @@ from senddock.pacing.rates import campaign_rate_view
 from senddock.wording import is_status
 
 if TYPE_CHECKING:
-    from senddock.core.pacing_status import LimitStatus
+    from senddock.domain.pacing_status import LimitStatus
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
     from senddock.mail.templates import Analysis
 
@@ -111,7 +111,7 @@ class CampaignStatus:
     # A pause senddock made itself (not `campaign pause`): when, and what the operator should know.
     paused_at: datetime | None = None
     warning: str | None = None
-    # Per pacing limit, rate configured / effective / measured (senddock.core.pacing_status); empty
+    # Per pacing limit, rate configured / effective / measured (senddock.domain.pacing_status); empty
     # when no limit is configured.
     pacing: tuple[LimitStatus, ...] = ()
 

@@ -10,12 +10,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row, dict_row
 
-from senddock.core.campaign_rate import send_rate_text
-from senddock.core.campaigns import OPERATOR_PAUSE, get_campaign
-from senddock.core.queries import query
+from senddock.domain.campaign_rate import send_rate_text
+from senddock.domain.campaigns import OPERATOR_PAUSE, get_campaign
+from senddock.store.queries import query
 from senddock.errors import InvalidInput, InvalidState
 from senddock.pacing.rates import campaign_rate_view
-from senddock.webhooks import outbox
+from senddock.store import outbox
 from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
 from senddock.wording import is_status
 

@@ -22,9 +22,9 @@ from psycopg.rows import dict_row
 from senddock.bounces.parsing import ParsedMail, storable
 from senddock.bounces.status import blames_us
 from senddock.config import Config
-from senddock.core.db import Database
-from senddock.core.events import UnknownMessage, apply_events
-from senddock.core.queries import query
+from senddock.store.db import Database
+from senddock.domain.events import UnknownMessage, apply_events
+from senddock.store.queries import query
 from senddock.mail.mime import comparable_address
 from senddock.outcome import BounceReport, MailReportKind, ProviderEvent, SuppressionList
 

@@ -20,9 +20,9 @@ import structlog
 from psycopg.rows import dict_row
 
 from senddock.config import Config
-from senddock.core.db import Database
-from senddock.core.queries import query
-from senddock.core.queue import bounce_check
+from senddock.store.db import Database
+from senddock.store.queries import query
+from senddock.store.jobs import bounce_check
 from senddock.durations import parse_duration
 from senddock.mail.mime import comparable_address
 from senddock.outcome import (
@@ -33,7 +33,7 @@ from senddock.outcome import (
     ProviderEvent,
     SuppressionList,
 )
-from senddock.webhooks import outbox
+from senddock.store import outbox
 from senddock.webhooks.settings import subscriptions
 
 log = structlog.get_logger(__name__)
