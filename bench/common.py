@@ -20,7 +20,8 @@ import yaml
 
 from senddock.api import Senddock
 from senddock.chaos.lab import engine_settings  # noqa: F401 - the benches' one way to say "N sends in flight"
-from senddock.config import Config, load_config
+from senddock.config import Config
+from senddock.loading import load_config
 from senddock.store.db import Database, embedded_server, stop_embedded
 from senddock.testing import create_database, drop_database, migrate_database
 

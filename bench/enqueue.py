@@ -21,7 +21,7 @@ from common import admin_dsn, bench_parser, scratch_database
 
 from senddock.api import Senddock
 from senddock.cli.logs import configure_logging
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.store.db import Database
 
 BARE_INSERT = """

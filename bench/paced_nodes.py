@@ -40,7 +40,7 @@ from inflight import SinkProcess
 from windows import busiest, judge_windows, sink_log_times, window_counts
 
 from senddock.cli.logs import configure_logging
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.pacing.rates import parse_rate
 
 WINDOW = 10.0  # seconds: the span issue 14 judges a rate over

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 from common import BENCH
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.mail import mime
 from senddock.mail.compose import Composer
 from senddock.outcome import CampaignContent, Recipient

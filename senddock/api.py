@@ -17,7 +17,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from senddock.config import Config, load_config
+from senddock.config import Config
+from senddock.loading import load_config
 from senddock.domain import campaign_control, campaigns, drafts, events, lists, subscribers
 from senddock.store import migrations
 from senddock.core import nodes, results
@@ -44,7 +45,7 @@ from senddock.outcome import (
     SendResult,
 )
 from senddock.webhooks import admin as webhook_admin
-from senddock.webhooks.settings import subscriptions
+from senddock.config.webhooks import subscriptions
 
 # Rendering (Jinja2, cryptography for DKIM) and address checks (email_validator) are imported by the
 # methods that use them: a status query or a list must not load them (see bench/cli_latency.py).

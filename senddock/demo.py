@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from senddock.api import Senddock
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.store.db import Database, embedded_server, stop_embedded
 from senddock.core.runner import Runner
 from senddock.sink import FailRule, Sink

@@ -30,7 +30,8 @@ import yaml
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from senddock.config import Config, load_config
+from senddock.config import Config
+from senddock.loading import load_config
 
 ENV_TEST_DSN = "SENDDOCK_TEST_DSN"
 

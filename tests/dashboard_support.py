@@ -26,7 +26,7 @@ HASH_ENV = "SENDDOCK_ADMIN_PASSWORD_HASH"
 
 @functools.cache
 def password_hash() -> str:
-    from senddock.web.dashboard.passwords import hash_password
+    from senddock.passwords import hash_password
 
     return hash_password(PASSWORD)
 

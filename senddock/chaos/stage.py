@@ -100,7 +100,7 @@ class Stage:
     def _enqueue(self, recipients: int) -> set[str]:
         """A list of readers and a campaign to them, sent (enqueued) as campaign 1."""
         from senddock.api import Senddock
-        from senddock.config import load_config
+        from senddock.loading import load_config
         from senddock.store.db import Database
 
         config = load_config(self.config_path, environ={"SENDDOCK_DATABASE_URL": self.dsn})

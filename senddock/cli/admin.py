@@ -29,7 +29,7 @@ def _read_password() -> str:
 
 
 def hash_password(args: argparse.Namespace, out: Output) -> int:
-    from senddock.web.dashboard.passwords import MAX_PASSWORD_LENGTH, hash_password as make_hash
+    from senddock.passwords import MAX_PASSWORD_LENGTH, hash_password as make_hash
 
     password = _read_password()
     if not password:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from senddock.cli import argtypes
 from senddock.cli.output import Output, plural, table
 from senddock.cli.status_lines import bounce_line, pacing_table, probe_line, warning_line
-from senddock.config import Config, find_config_path, load_config
+from senddock.config import Config, find_config_path
+from senddock.loading import load_config
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, ConfigError, InvalidInput
 
 # The engine and its libraries (psycopg, Jinja2...) are imported by the commands that use them:

@@ -45,7 +45,7 @@ from senddock.observe.health_server import HealthServer
 from senddock.observe.node_metrics import NodeMetrics
 from senddock.outcome import Bounce, BounceKind, BounceSource, JobRef
 from senddock.webhooks.deliverer import Webhooks
-from senddock.webhooks.settings import endpoints, subscriptions
+from senddock.config.webhooks import endpoints, subscriptions
 
 log = structlog.get_logger(__name__)
 

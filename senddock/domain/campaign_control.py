@@ -16,7 +16,7 @@ from senddock.store.queries import query
 from senddock.errors import InvalidInput, InvalidState
 from senddock.pacing.rates import campaign_rate_view
 from senddock.store import outbox
-from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
+from senddock.config.webhooks import NO_WEBHOOKS, Subscriptions
 from senddock.wording import is_status
 
 # Failure reasons about the address itself: requeueing them would mail someone who must not be.

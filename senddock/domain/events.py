@@ -34,7 +34,7 @@ from senddock.outcome import (
     SuppressionList,
 )
 from senddock.store import outbox
-from senddock.webhooks.settings import subscriptions
+from senddock.config.webhooks import subscriptions
 
 log = structlog.get_logger(__name__)
 

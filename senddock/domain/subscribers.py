@@ -20,7 +20,7 @@ from senddock.errors import InvalidInput, NotFound, UsageError
 from senddock.mail import headertext
 from senddock.mail.addresses import check_address
 from senddock.store import outbox
-from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
+from senddock.config.webhooks import NO_WEBHOOKS, Subscriptions
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from senddock.config import BreakerSettings
 from senddock.store.node_identity import LOCK_CLASS, NodeIdentity
 from senddock.store.queries import query
 from senddock.store import outbox
-from senddock.webhooks.settings import NO_WEBHOOKS, Subscriptions
+from senddock.config.webhooks import NO_WEBHOOKS, Subscriptions
 
 # pg_advisory_xact_lock(class, key) class of a domain group's concurrency room (0x5E4D: node locks).
 CONCURRENCY_LOCK_CLASS = 0x5E4F

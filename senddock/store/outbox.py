@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from senddock.store.queries import query
-from senddock.webhooks.settings import EVENT_TYPES, Endpoint, Subscriptions
+from senddock.config.webhooks import EVENT_TYPES, Endpoint, Subscriptions
 
 
 def event(kind: str, **data: Any) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from senddock.web.dashboard.routes import dashboard_routes
 from senddock.web.http_limits import BodyLimit, HttpLimits
 from senddock.web.metrics_endpoint import metrics_endpoint
 from senddock.web.sns import CertificateUnavailable, SignatureError, Verifier, is_sns_url
-from senddock.webhooks.settings import Subscriptions, subscriptions
+from senddock.config.webhooks import Subscriptions, subscriptions
 
 log = structlog.get_logger(__name__)
 

@@ -13,7 +13,7 @@ import psycopg
 
 from senddock.errors import InvalidInput, NotFound
 from senddock.store import outbox
-from senddock.webhooks.settings import endpoint_id, endpoints
+from senddock.config.webhooks import endpoint_id, endpoints
 
 _MSG_ID = re.compile(r"^msg_(?P<uuid>[0-9a-f-]{36})$")
 

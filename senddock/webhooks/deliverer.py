@@ -26,7 +26,7 @@ from senddock.observe.node_metrics import NodeMetrics
 from senddock.store import outbox
 from senddock.webhooks import signing
 from senddock.webhooks.http import Reply, post
-from senddock.webhooks.settings import Endpoint
+from senddock.config.webhooks import Endpoint
 
 log = structlog.get_logger(__name__)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from senddock.http_deadline import ExchangeDeadline
-from senddock.webhooks.settings import shown_url
+from senddock.config.webhooks import shown_url
 
 # The reply's body is kept for the last error only: a receiver's 50 MB answer is never read.
 READ_CAP = 2048

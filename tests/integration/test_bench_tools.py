@@ -15,7 +15,8 @@ from xml.etree import ElementTree
 import psycopg
 import yaml
 
-from senddock.config import base_schema, load_config
+from senddock.config import base_schema
+from senddock.loading import load_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 

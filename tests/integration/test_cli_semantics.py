@@ -140,7 +140,7 @@ def test_resuming_a_paused_scheduled_campaign_waits_for_its_time(cli, config_fil
 
     import yaml
 
-    from senddock.config import load_config
+    from senddock.loading import load_config
     from senddock.core.runner import Runner
     from senddock.testing import fast_settings
     from tests_support import wait_for

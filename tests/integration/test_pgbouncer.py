@@ -16,7 +16,7 @@ import pytest
 from tests_support import PgBouncer, senddock_executable, write_config
 
 from senddock.api import Senddock
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.store import migrations
 from senddock.store.node_identity import LOCK_CLASS
 from senddock.sink import Sink

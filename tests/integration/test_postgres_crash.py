@@ -33,7 +33,7 @@ def _slow_wal_writer(dsn: str) -> None:
 
 def _app(dsn: str, tmp_path: Path, settings: dict):
     from senddock.api import Senddock
-    from senddock.config import load_config
+    from senddock.loading import load_config
     from senddock.store.db import Database
 
     config_path = write_config(tmp_path, settings)

@@ -19,7 +19,7 @@ def test_restart_mid_broadcast_loses_nothing_and_no_node_takes_anothers_jobs(own
     settings = fast_settings(smtp_sink.port, recovery={"heartbeat": "500ms", "lease": "60s"},
                              retry={"schedule": ["1s"], "max_retries": 20, "jitter": 0})
     from senddock.api import Senddock
-    from senddock.config import load_config
+    from senddock.loading import load_config
     from senddock.store.db import Database
 
     config_path = write_config(tmp_path, settings)

@@ -31,7 +31,7 @@ import pytest
 
 from readme_story import Command, compare, console_blocks
 from senddock.cli import build_parser
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.sink import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -29,7 +29,7 @@ from tests_support import (
 )
 
 from senddock.api import Senddock
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.mail import mime, verp
 from senddock.mail.compose import Composer
 from senddock.mail.unsubscribe import read_token

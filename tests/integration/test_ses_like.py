@@ -182,7 +182,7 @@ def test_a_peer_that_never_answers_is_in_doubt_after_the_timeout(aws_env):
 
 
 def _message():
-    from senddock.config import load_config
+    from senddock.loading import load_config
     from senddock.mail.compose import Composer
 
     composer = Composer(load_config(None, environ={"SENDDOCK_DATABASE_URL": "postgresql://x@localhost/x"}))

@@ -13,7 +13,7 @@ from test_node_metrics import get, samples
 from tests_support import captured_logs, make_broadcast, running_node, wait_for, write_config
 
 from senddock.api import Senddock
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.core import waits
 from senddock.sink import Sink, free_port
 from senddock.testing import create_database, fast_settings, migrate_database

@@ -12,7 +12,7 @@ import trustme
 
 from senddock.api import Senddock
 from senddock.testing import drain, fast_settings
-from senddock.webhooks.settings import endpoints
+from senddock.config.webhooks import endpoints
 from tests_support import make_broadcast, running_node, wait_for
 from webhook_receiver import SECRET, Answer, Receiver
 
@@ -136,7 +136,7 @@ def test_410_gone_disables_the_endpoint(make_config):
         app.add_subscriber("b@example.com", lists=["news"])
         app.unsubscribe("b@example.com")
         from senddock.store import outbox as box
-        from senddock.webhooks.settings import endpoints
+        from senddock.config.webhooks import endpoints
 
         with app.db.connection() as conn:
             disabled = box.disabled(conn)
@@ -203,7 +203,7 @@ def test_an_event_never_delivered_dies_after_max_age_with_its_last_error(make_co
 
 def test_delivered_events_are_pruned_after_keep_delivered(make_config):
     from senddock.store import outbox as box
-    from senddock.webhooks.settings import endpoints
+    from senddock.config.webhooks import endpoints
 
     with Receiver() as receiver:
         app = _one_event(make_config, receiver.url, keep_delivered="1h", keep_dead="2h")
@@ -320,7 +320,7 @@ def test_bounces_at_the_send_and_the_bounce_rate_pause_are_events(make_config, s
 
 def test_an_unsubscribe_link_is_announced_once(make_config):
     from senddock.domain import subscribers
-    from senddock.webhooks.settings import subscriptions
+    from senddock.config.webhooks import subscriptions
 
     with Receiver() as receiver:
         config = make_config(fast_settings(webhooks=[hook(receiver.url, events=["unsubscribed"])]))
@@ -339,7 +339,7 @@ def test_an_unsubscribe_link_is_announced_once(make_config):
 def test_a_url_with_credentials_sends_basic_auth_and_never_shows_the_password(make_config):
     import base64
 
-    from senddock.webhooks.settings import endpoints
+    from senddock.config.webhooks import endpoints
 
     with Receiver() as receiver:
         url = receiver.url.replace("http://", "http://hooks:pa%40ss@")

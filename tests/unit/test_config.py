@@ -8,7 +8,8 @@ import pytest
 import yaml
 from tests_support import installed_transports
 
-from senddock.config import find_config_path, load_config
+from senddock.config import find_config_path
+from senddock.loading import load_config
 from senddock.errors import ConfigError
 from senddock.mail.unsubscribe import missing_links
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.web import serve
 from senddock.web.dashboard import charts
 from senddock.web.dashboard.data import format_eta

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.errors import ConfigError
-from senddock.web.dashboard.passwords import is_password_hash, verify_password
+from senddock.passwords import is_password_hash, verify_password
 from senddock.web.dashboard.sessions import SessionCookies, tokens_match
 from senddock.web.dashboard.throttle import LoginThrottle
 from tests_support import senddock_executable

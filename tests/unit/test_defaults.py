@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from senddock import defaults
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.outcome import Classification, Outcome, SendResult
 
 RETRY = Classification(Outcome.RETRY, "transient_error")

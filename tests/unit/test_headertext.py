@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.errors import InvalidInput
 from senddock.mail import headertext
 from senddock.mail.addresses import check_mailbox

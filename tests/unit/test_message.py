@@ -14,7 +14,7 @@ from senddock_smtp.classify import classify
 from senddock_smtp.transport import envelope_sender, send
 from tests_support import dkim_key, dns_for
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.mail import mime, verp
 from senddock.mail.compose import Composer
 from senddock.mail.templates import TemplateError
@@ -175,7 +175,7 @@ def test_warming_up_loads_what_a_first_send_would_and_keeps_no_campaign():
     once with their sends begun."""
     code = (
         "import sys\n"
-        "from senddock.config import load_config\n"
+        "from senddock.loading import load_config\n"
         "from senddock.mail.compose import Composer\n"
         "composer = Composer(load_config(None, environ={'SENDDOCK_DATABASE_URL': 'postgresql://x@localhost/x'}))\n"
         "assert not {'email_validator', 'inscriptis'} & set(sys.modules), 'already loaded: the test shows nothing'\n"

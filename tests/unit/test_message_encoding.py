@@ -16,7 +16,7 @@ import pytest
 import yaml
 from tests_support import dkim_key, dns_for
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.mail import mime
 from senddock.mail.compose import Composer
 from senddock.mail.unsubscribe import make_token, unsubscribe_url

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tests_support import installed_transports
 
-from senddock.config import base_schema, load_config
+from senddock.config import base_schema
+from senddock.loading import load_config
 from senddock.errors import ConfigError
 from senddock.pacing.adaptive import Adaptive
 from senddock.pacing.limits import DomainGroup, Limit, PacingSettings, limits_for, recipient_domain

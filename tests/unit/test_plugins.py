@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from senddock import hooks
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.errors import ConfigError
 from senddock.outcome import Classification, Outcome, SendResult
 from senddock.plugins import build_plugin_manager, describe

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.web import serve
 from senddock.web.fetch import FetchError
 from senddock.web.sns import Verifier

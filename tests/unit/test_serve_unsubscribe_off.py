@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from senddock.config import load_config
+from senddock.loading import load_config
 from senddock.web import serve
 from tests_support import asgi_request
 

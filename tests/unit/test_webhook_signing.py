@@ -9,7 +9,7 @@ import pytest
 import standardwebhooks
 
 from senddock.webhooks import signing
-from senddock.webhooks.settings import decode_secret, shown_url
+from senddock.config.webhooks import decode_secret, shown_url
 
 NEW = "whsec_" + base64.b64encode(b"n" * 32).decode()
 OLD = "whsec_" + base64.b64encode(b"o" * 32).decode()

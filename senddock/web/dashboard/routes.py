@@ -35,7 +35,7 @@ from senddock.store.queries import query
 from senddock.durations import parse_duration
 from senddock.errors import InvalidState, NotFound, SenddockError
 from senddock.web.dashboard import charts, data
-from senddock.web.dashboard.passwords import MAX_PASSWORD_LENGTH, verify_password
+from senddock.passwords import MAX_PASSWORD_LENGTH, verify_password
 from senddock.web.dashboard.security import (CSRF_FIELD, PATH, clear_session, cross_site, csrf_ok, secure_headers,
                                              set_session)
 from senddock.web.dashboard.sessions import COOKIE, Session, SessionCookies
