@@ -69,7 +69,7 @@ class Config:
     plugin_manager: pluggy.PluginManager = field(repr=False)
     plugin_origins: Mapping[str, str] = field(repr=False)
     transport_providers: Mapping[str, str] = field(repr=False)
-    #: The absolute folder that relative paths in the config resolve against (see config_file.config_folder).
+    #: The absolute folder that relative paths in the config resolve against (see senddock.config.file.config_folder).
     folder: Path = field(default_factory=Path.cwd)
 
     @property

@@ -1,4 +1,5 @@
-"""Named SQL queries, kept together in ``sql/queries.sql`` under ``-- name: <name>`` headers."""
+"""Named SQL queries, kept together in ``sql/*.sql`` (one file per part of the schema: jobs, nodes,
+campaigns...) under ``-- name: <name>`` headers. A name is unique across the files."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|(\$\w*\$).*?\1|--[^\n]*
 def without_comments(sql: str) -> str:
     """``sql`` as sent: its ``--`` comments and indentation dropped, blank lines removed.
 
-    The comments are for readers of queries.sql. Sent, they would cost more than bytes: psycopg
+    The comments are for readers of the .sql files. Sent, they would cost more than bytes: psycopg
     caches its parse of a statement's placeholders only up to 4 KiB of text and parses longer ones
     afresh at every call, which the claim and the result commit are (run hundreds of times a second).
     """
@@ -25,14 +26,17 @@ def without_comments(sql: str) -> str:
 
 @cache
 def all_queries() -> dict[str, str]:
-    text = resources.files("senddock.store.sql").joinpath("queries.sql").read_text(encoding="utf-8")
-    parts = _HEADER.split(text)
-    # parts: [preamble, name1, body1, name2, body2, ...]
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        if name in queries:
-            raise RuntimeError(f"query {name!r} is defined twice in queries.sql")
-        queries[name] = without_comments(body).rstrip(";")
+    where: dict[str, str] = {}
+    folder = resources.files("senddock.store.sql")
+    for file in sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name):
+        parts = _HEADER.split(file.read_text(encoding="utf-8"))
+        # parts: [preamble, name1, body1, name2, body2, ...]
+        for name, body in zip(parts[1::2], parts[2::2]):
+            if name in queries:
+                raise RuntimeError(f"query {name!r} is defined twice: in {where[name]} and {file.name}")
+            queries[name] = without_comments(body).rstrip(";")
+            where[name] = file.name
     return queries
 
 
