@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from senddock.config import Config
 from senddock.loading import load_config
-from senddock.domain import campaign_control, campaigns, drafts, events, lists, subscribers
+from senddock.domain import campaign_control, campaigns, drafts, events, lists, sending, subscribers
 from senddock.store import migrations
 from senddock.core import nodes, results
 from senddock.domain.campaigns import (
@@ -33,15 +33,14 @@ from senddock.domain.lists import MailingList
 from senddock.domain.pacing_status import LimitStatus, pacing_status
 from senddock.domain.subscribers import ImportSummary, Normalised, Rejection
 from senddock.store.suppressions import Suppressions, list_suppressions, remove_suppression
-from senddock.errors import DatabaseError, InvalidInput, InvalidState, NotFound, UsageError
-from senddock.mail import mime, unsubscribe
+from senddock.errors import DatabaseError, InvalidInput, NotFound
+from senddock.mail import mime
 from senddock.mail.addresses import check_address
 from senddock.outcome import (
     CampaignContent,
     Classification,
     EventError,
     Message,
-    Recipient,
     SendResult,
 )
 from senddock.webhooks import admin as webhook_admin
@@ -236,49 +235,15 @@ class Senddock:
         send` does unless given --no-unsubscribe) a config without unsubscribe links is refused:
         bulk mail without List-Unsubscribe is what Gmail and Yahoo refuse.
         """
-        from senddock.mail.compose import BadRecipient
-        from senddock.mail.templates import TemplateError
-
-        if send_at is not None and send_at.tzinfo is None:
-            raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
-        if send_at is not None:
-            _refuse_past(send_at)
-        if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.section("unsubscribe"))):
-            raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass --no-unsubscribe to send "
-                               "without (a test list, a relay of your own)")
+        sending.check_send_at(send_at)
+        if require_unsubscribe:
+            sending.check_unsubscribe_links(campaign_id, self.config.section("unsubscribe"))
         with self._conn() as conn:
-            campaigns.check_not_sent(conn, campaign_id)
-            content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
-            _check_stored_addresses(content, prefix=f"campaign {campaign_id} not sent")
-            try:
-                analysis = campaigns.check_content(content.subject, content.text_body, content.html_body,
-                                                   unsubscribe_configured=self._unsubscribe_configured(),
-                                                   limits=self._render_limits())
-            except InvalidInput as exc:
-                raise InvalidInput(f"campaign {campaign_id} not sent: {exc}") from None
-            # Every recipient, set-based: an attribute the templates need and someone lacks.
-            missing = campaigns.missing_attributes(conn, campaign_id, list(analysis.required))
-            if missing:
-                raise InvalidInput(_missing_attributes_message(campaign_id, missing, analysis.required))
-            # Not refused (an empty name may be fine), but said: "for " ending 400 subjects was not.
-            warnings = tuple(_empty_value_warning(e, analysis.printed[e.key])
-                             for e in campaigns.empty_values(conn, campaign_id, list(analysis.printed)))
-            sample = campaigns.sample_recipients(conn, campaign_id)
-        # A sample render too, for what reading the templates cannot tell (a value of the wrong type...).
-        composer = self.composer
-        prepared = composer.prepare(content)
-        for recipient in sample:
-            try:
-                composer.message(prepared, _recipient(recipient), job_id=0, broadcast_id=0, attempt=1)
-            except BadRecipient:
-                continue  # that one job will fail as bad_address; the templates are what is checked here
-            except TemplateError as exc:
-                raise InvalidInput(
-                    f"campaign {campaign_id} not sent: its template does not render for subscriber "
-                    f"{recipient.subscriber_id} ({recipient.email}): {exc}"
-                ) from None
+            checked = sending.check_campaign(conn, campaign_id, unsubscribe_configured=self._unsubscribe_configured(),
+                                             limits=self._render_limits())
+        sending.check_sample_renders(self.composer, checked)
         with self._conn() as conn:
-            return replace(campaigns.send_campaign(conn, campaign_id, send_at), warnings=warnings)
+            return replace(campaigns.send_campaign(conn, campaign_id, send_at), warnings=checked.warnings)
 
     def pause_campaign(self, campaign_id: int) -> None:
         """Stop claiming its jobs (every node, within a send); in-flight sends finish."""
@@ -314,20 +279,11 @@ class Senddock:
     def preview(self, campaign_id: int, *, email: str | None = None) -> tuple[Message, bytes]:
         """The campaign's message, rendered and signed for one subscriber (by default the first one
         the campaign reaches), exactly as a node's sender would build it."""
-        from senddock.mail.templates import TemplateError
-
         with self._conn() as conn:
             content = CampaignContent(**campaigns.campaign_content(conn, campaign_id))
-            _check_stored_addresses(content, prefix=f"campaign {campaign_id}")
+            sending.check_stored_addresses(content, prefix=f"campaign {campaign_id}")
             recipient = self._sample_subscriber(conn, campaign_id, email)
-        try:
-            message = self.composer.message(
-                self.composer.prepare(content), _recipient(recipient), job_id=0, broadcast_id=0, attempt=1,
-                message_id=mime.one_off_message_id("preview", mime.sender_domain(content.from_addr)),
-            )
-        except TemplateError as exc:  # what preview is for: say where, in one line
-            raise InvalidInput(f"campaign {campaign_id}: its template does not render for subscriber "
-                               f"{recipient.subscriber_id} ({recipient.email}): {exc}") from None
+        message = sending.render_one(self.composer, content, recipient, kind="preview")
         return message, mime.message_bytes(message)
 
     def send_test(self, campaign_id: int, to: str, *, email: str | None = None) -> tuple[Message, SendResult, Classification]:
@@ -336,7 +292,7 @@ class Senddock:
         try:
             to = check_address(to)
         except ValueError as exc:
-            raise InvalidInput(f"--to: {exc}") from None
+            raise InvalidInput(f"{{=to}}: {exc}") from None
         message, _ = self.preview(campaign_id, email=email)
         test_id = mime.one_off_message_id("test", mime.sender_domain(message.campaign.from_addr))
         message = replace(message, recipient=replace(message.recipient, email=to), message_id=test_id)
@@ -356,7 +312,7 @@ class Senddock:
             return found
         sample = campaigns.sample_recipients(conn, campaign_id, each=1)
         if not sample:
-            raise NotFound(f"campaign {campaign_id} reaches no active subscriber: give --email")
+            raise NotFound(f"campaign {campaign_id} reaches no active subscriber: give {{=email}}")
         return sample[0]
 
     def resume_campaign(self, campaign_id: int) -> None:
@@ -478,60 +434,3 @@ class Senddock:
     def suppress(self, email: str, *, reason: str = "manual") -> bool:
         self.ensure_schema()
         return self.suppressions.add(email, reason=reason)
-
-
-# A time this close behind the clock is taken as "now" (clock skew, a command typed a few seconds
-# late); further back it is a mistake: the campaign would go out at once under a "scheduled" line.
-PAST_SEND_AT_GRACE = timedelta(minutes=1)
-
-
-def _refuse_past(send_at: datetime) -> None:
-    from senddock.durations import rough_duration
-
-    behind = datetime.now(timezone.utc) - send_at
-    if behind > PAST_SEND_AT_GRACE:
-        raise UsageError(f"--at {send_at.isoformat()} is in the past ({rough_duration(behind.total_seconds())} ago): "
-                         "leave --at out to send now")
-
-
-def _check_stored_addresses(content: CampaignContent, *, prefix: str) -> None:
-    """A From or Reply-To stored before `campaign create` checked them strictly that the message
-    builder cannot use (a list) is one clear line here, not a traceback."""
-    from senddock.mail.addresses import stored_mailbox_problem
-
-    cid = content.campaign_id
-    for header, option, value in (("From", "--from", content.from_addr), ("Reply-To", "--reply-to", content.reply_to)):
-        if value and (problem := stored_mailbox_problem(value)):
-            raise InvalidInput(f"{prefix}: its {header} {value!r} is not usable: {problem}; fix it with "
-                               f"`senddock campaign edit {cid} {option} ADDR`")
-
-
-def _missing_attributes_message(campaign_id: int, missing: list[campaigns.MissingAttribute],
-                                where: Mapping[str, str]) -> str:
-    """One line (what `--json` carries as its error): who lacks what, and how to fix it."""
-    parts = []
-    for m in missing:
-        who = "1 recipient lacks" if m.missing == 1 else f"{m.missing} recipients lack"
-        more = ", ..." if m.missing > len(m.examples) else ""
-        parts.append(f"{who} the attribute {m.key!r} read at {where[m.key]} (e.g. {', '.join(m.examples)}{more})")
-    key = missing[0].key
-    variable = f"subscriber.attributes.{key}" if key.isidentifier() else f"subscriber.attributes[{key!r}]"
-    return (f"campaign {campaign_id} not sent, nothing enqueued: {'; '.join(parts)}; give it a default in the "
-            f"template ({{{{ {variable} | default(\"...\") }}}}) or import a CSV with a {key!r} column for "
-            "them, then send again")
-
-
-def _empty_value_warning(empty: campaigns.EmptyValue, where: str) -> str:
-    """One line: how many get a gap in their text, where, and what fills it."""
-    who = "1 recipient has" if empty.empty == 1 else f"{empty.empty} recipients have"
-    more = ", ..." if empty.empty > len(empty.examples) else ""
-    key = empty.key.removeprefix("attributes.")
-    variable = "subscriber.name" if empty.key == "name" else (
-        f"subscriber.attributes.{key}" if key.isidentifier() else f"subscriber.attributes[{key!r}]")
-    return (f"{who} an empty {variable}, written out at {where} with nothing in its place (e.g. "
-            f"{', '.join(empty.examples)}{more}): give it a default that covers empty values, "
-            f"{{{{ {variable} | default(\"...\", true) }}}}")
-
-
-def _recipient(row: campaigns.SampleRecipient) -> Recipient:
-    return Recipient(row.email, row.name, row.attributes, row.subscriber_id)

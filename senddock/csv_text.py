@@ -117,7 +117,7 @@ def _hint(raw: BinaryIO, encoding: str) -> str:
     when no line is UTF-8 beyond ASCII (it would misread those), else the fallback line by line."""
     if not _is_utf8(encoding):
         return ""
-    per_line = "--encoding utf-8,cp1252 reads each line that is not UTF-8 as cp1252 and names it"
+    per_line = "{=encoding} utf-8,cp1252 reads each line that is not UTF-8 as cp1252 and names it"
     try:
         raw.seek(0)
     except (OSError, ValueError):  # a pipe: it cannot be read again to look
@@ -134,7 +134,7 @@ def _hint(raw: BinaryIO, encoding: str) -> str:
             except UnicodeDecodeError:
                 whole_cp1252 = False
     if not utf8_beyond_ascii:
-        return " (try --encoding cp1252)" if whole_cp1252 else " (try --encoding latin-1)"
+        return " (try {=encoding} cp1252)" if whole_cp1252 else " (try {=encoding} latin-1)"
     shown = ", ".join(map(str, not_utf8[:SHOWN_LINES])) + (", ..." if len(not_utf8) > SHOWN_LINES else "")
     return (f" ({len(not_utf8)} of its lines are not UTF-8 (line {shown}) while {utf8_beyond_ascii} are UTF-8 "
             f"text that cp1252 would misread: fix those lines, or {per_line})")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the command ran, but found problems in its input (rejected rows, unknown id)
@@ -23,10 +24,28 @@ def error_line(exc: BaseException, *, dsns: Iterable[str | None] = ()) -> str:
     return redact_text(lines[0], dsns) if lines else type(exc).__name__
 
 
+# A value the caller gave, named in a message as {=name} (its name in the Python API): each interface
+# words it its own way, the CLI as its flag (--at), the Python API as its parameter (send_at).
+_VALUE = re.compile(r"\{=(\w+)\}")
+# Where the Python API's word for a value is not the bare name.
+_API_WORDS = {"no_unsubscribe": "require_unsubscribe=False", "force": "force=True", "since_pause": "since_pause=True",
+              "all": "since_pause=False", "node": "node.name"}
+
+
 class SenddockError(Exception):
-    """An error meant for the person running senddock: the message is shown as it is."""
+    """An error meant for the person running senddock: the message is shown as it is, with each
+    value it names worded for the interface that shows it (:meth:`worded`)."""
 
     exit_code = EXIT_PROBLEMS
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        self.template = message
+        super().__init__(self.worded(_API_WORDS), *args)
+
+    def worded(self, words: Mapping[str, str]) -> str:
+        """The message with each ``{=name}`` replaced by ``words[name]`` (``--at`` for the CLI), or by
+        the Python API's word for it when ``words`` has none."""
+        return _VALUE.sub(lambda m: words.get(m[1]) or _API_WORDS.get(m[1], m[1]), self.template)
 
 
 class ConfigError(SenddockError):

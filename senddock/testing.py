@@ -366,14 +366,16 @@ def send_broadcast(
     return campaign_id
 
 
-def drain(config: Config, *, timeout: float = 60, workers: int | None = None, node_name: str | None = None) -> dict[str, int]:
-    """Run a node until no campaign is left sending (or ``timeout``); returns the summed run stats."""
+def drain(config: Config, *, timeout: float = 60, concurrency: int | None = None, node_name: str | None = None,
+          workers: int | None = None) -> dict[str, int]:
+    """Run a node until no campaign is left sending (or ``timeout``); returns the summed run stats.
+    ``concurrency``: sends in flight (default the config's); ``workers`` is its former name."""
     from senddock.core.runner import Runner
 
     totals: dict[str, int] = {}
     deadline = time.monotonic() + timeout
     while True:
-        stats = Runner(config, workers=workers, node_name=node_name, exit_when_idle=True).run()
+        stats = Runner(config, concurrency=concurrency or workers, node_name=node_name, exit_when_idle=True).run()
         for key, value in stats.items():
             totals[key] = totals.get(key, 0) + value
         if not _campaigns_sending(config):

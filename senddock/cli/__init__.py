@@ -14,6 +14,7 @@ from senddock import __version__
 from senddock.cli import addresses, admin, argtypes, bounces, commands, control, drafts, engine, events, mail, webhooks
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
+from senddock.cli.words import FLAGS
 from senddock.errors import (
     EXIT_PROBLEMS,
     EXIT_USAGE,
@@ -205,7 +206,8 @@ def _run(args: argparse.Namespace, out: Output) -> int:
         out.error(str(exc), exc.exit_code, exc.errors)
         return exc.exit_code
     except SenddockError as exc:
-        out.error(str(exc), exc.exit_code)
+        # Values named as this command's flags (a command may name one its own way: set-rate's RATE).
+        out.error(exc.worded({**FLAGS, **getattr(args, "words", {})}), exc.exit_code)
         return exc.exit_code
     except Exception as exc:
         # psycopg is imported by the commands that reach the database, not here: a database

@@ -17,7 +17,7 @@ def _bounded(text: str, low: float, high: float, what: str, *, whole: bool = Tru
     return value
 
 
-def worker_count(text: str) -> int:
+def concurrency_count(text: str) -> int:
     return _bounded(text, 1, 1_000, "a number of sends in flight (a whole number, 1 to 1000)")
 
 

@@ -35,6 +35,7 @@ def add_commands(camp, command, positive_int, positive_count) -> None:
     p.add_argument("rate", type=argtypes.send_rate, metavar="RATE",
                    help="N/s, N/min, N/h or N/day (e.g. 100/min), all nodes together; none removes it")
     p.add_argument("--burst", type=argtypes.burst, metavar="N", help=BURST_HELP)
+    p.set_defaults(words={"rate": "RATE"})
     p = command(camp, "history", campaign_history,
                 "a campaign's status changes, newest first: every pause with its reason, resume, finish")
     p.add_argument("id", type=positive_int, metavar="ID")

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace, out: Output) -> int:
     config = open_config(args)
     with open_senddock(args) as sd:
         sd.ensure_schema()
-    runner = Runner(config, workers=args.workers, node_name=args.node, exit_when_idle=args.exit_when_idle)
+    runner = Runner(config, concurrency=args.concurrency, node_name=args.node, exit_when_idle=args.exit_when_idle)
     stop_on_signals(runner.request_stop)
     summary = runner.run()
     out.result(summary, lambda: "stopped: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.items())))
@@ -140,7 +140,7 @@ def add_commands(sub, camp, command, positive_int) -> None:
     p.add_argument("--crash", action="store_true", help="kill -9 the sending process mid-broadcast and restart it")
 
     p = command(sub, "run", run, "send: drain due jobs, many sends in flight, until stopped")
-    p.add_argument("--concurrency", "--workers", dest="workers", type=argtypes.worker_count, metavar="N",
+    p.add_argument("--concurrency", "--workers", dest="concurrency", type=argtypes.concurrency_count, metavar="N",
                    help="sends in flight (default: config concurrency, 50); --workers is its former name")
     p.add_argument("--node", type=argtypes.node_name, metavar="NAME", help="stable node name (default: config node.name, then host name)")
     p.add_argument("--exit-when-idle", action="store_true", help="exit once nothing is due or in flight")

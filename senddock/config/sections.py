@@ -96,11 +96,6 @@ class Config:
         return data.get("concurrency") or data.get("workers") or DEFAULT_CONCURRENCY
 
     @property
-    def workers(self) -> int:
-        """The former name of ``concurrency``."""
-        return self.concurrency
-
-    @property
     def claim_batch(self) -> int:
         return self.data["claim_batch"]
 

@@ -61,7 +61,7 @@ def claim_name(conn: psycopg.Connection, requested: str | None, *, node_id: uuid
         except NodeNameTaken:
             continue
     raise NodeNameTaken(f"node names {host} to {host}-{MAX_DEFAULT_SLOTS} are all held by live nodes: "
-                        "give one with --node or node.name")
+                        "give one with {=node}")
 
 
 def _take(conn: psycopg.Connection, name: str, *, node_id: uuid.UUID, lock_class: int, lease: float,
@@ -80,14 +80,14 @@ def _take(conn: psycopg.Connection, name: str, *, node_id: uuid.UUID, lock_class
             raise NodeNameTaken(
                 f"node name {name!r} is held by a live node (host {host}, pid {pid}, running since "
                 f"{started_at:%Y-%m-%d %H:%M:%S %Z}, last heartbeat {age:.0f}s ago): give this one another "
-                "--node, or stop that one (a node that is gone is taken over once its heartbeat is older than "
+                "{=node}, or stop that one (a node that is gone is taken over once its heartbeat is older than "
                 "recovery.lease)")
         conn.execute(query("node_name_end_lingering"), params)
         if time.monotonic() > deadline or stopping.is_set():
             message = f"node name {name!r} is held by another database session that is not a live senddock node"
             if reconnecting:
                 raise psycopg.OperationalError(message)
-            raise NodeNameTaken(message + ": give another --node")
+            raise NodeNameTaken(message + ": give another {=node}")
         time.sleep(0.2)
 
 

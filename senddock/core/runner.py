@@ -67,13 +67,13 @@ class Runner:
         config: Config,
         *,
         db: Database | None = None,
-        workers: int | None = None,
+        concurrency: int | None = None,
         node_name: str | None = None,
         exit_when_idle: bool = False,
     ) -> None:
         self.config = config
         self.pm = config.plugin_manager
-        self.concurrency = workers or config.concurrency
+        self.concurrency = concurrency or config.concurrency
         pool_size = config.database.pool_size
         if pool_size < MIN_POOL_SIZE:
             source = config.path or "<defaults>"

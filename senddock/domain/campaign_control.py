@@ -88,7 +88,7 @@ def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) ->
     of an address suppressed since). A reason none of its jobs failed for is refused, naming those
     that it has: a typo must not pass for "nothing to requeue"."""
     if reason in NEVER_REQUEUED:
-        raise InvalidInput(f"--reason {reason}: jobs failed as {reason} are about the address itself and are "
+        raise InvalidInput(f"{{=reason}} {reason}: jobs failed as {reason} are about the address itself and are "
                            f"never requeued ({', '.join(NEVER_REQUEUED)})")
     with conn.transaction():
         row = conn.execute(query("campaign_requeue"), {"campaign_id": campaign_id, "reason": reason}).fetchone()
@@ -108,7 +108,7 @@ def requeue_campaign(conn: psycopg.Connection, campaign_id: int, reason: str) ->
 
 
 def _no_such_failure(campaign_id: int, reason: str, failed_by_reason: dict[str, int]) -> str:
-    message = f"--reason {reason}: campaign {campaign_id} has no jobs that failed as {reason}"
+    message = f"{{=reason}} {reason}: campaign {campaign_id} has no jobs that failed as {reason}"
     if not failed_by_reason:
         return message + "; it has no failed jobs at all"
     requeueable = [f"{r} {n}" for r, n in failed_by_reason.items() if r not in NEVER_REQUEUED]
@@ -145,7 +145,7 @@ def unsuppress_campaign(conn: psycopg.Connection, campaign_id: int, *, since_pau
             raise InvalidState(f"campaign {campaign_id} {is_status(campaign.status)}: it has not been sent")
         if since_pause and campaign.bounce_window_from is None:
             raise InvalidState(f"campaign {campaign_id} was never paused for its bounce rate: nothing to undo "
-                               "--since-pause (--all undoes every suppression its bounces made)")
+                               "{=since_pause} ({=all} undoes every suppression its bounces made)")
         row = conn.execute(query("campaign_unsuppress"),
                            {"campaign_id": campaign_id, "since_pause": since_pause}).fetchone()
         if row[4]:
@@ -183,7 +183,7 @@ class RateSet:
 def set_campaign_rate(conn: psycopg.Connection, campaign_id: int, rate: str, burst: int | None = None) -> RateSet:
     """Give the campaign its own rate (``100/min``, with ``burst``), or none (``rate="none"``): any
     campaign with sends still to come. Every node applies it from its next claim (the claim reads it with each job)."""
-    send_rate = send_rate_text(rate, burst, option="RATE")
+    send_rate = send_rate_text(rate, burst)
     row = conn.execute(query("campaign_set_rate"), {"campaign_id": campaign_id, "send_rate": send_rate}).fetchone()
     if row is None:
         status = get_campaign(conn, campaign_id).status  # NotFound for an unknown id

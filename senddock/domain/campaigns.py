@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:  # Jinja2 (~25 ms to import) for the commands that check templates, not `campaign status`
     from senddock.mail.templates import Analysis
 
-_TEMPLATE_OPTION = {"subject": "--subject", "text": "--text", "html": "--html"}
+_TEMPLATE_OPTION = {"subject": "{=subject}", "text": "{=text_body}", "html": "{=html_body}"}
 
 
 @dataclass(frozen=True)
@@ -166,15 +166,15 @@ def check_draft(conn: psycopg.Connection, draft: CampaignDraft, *, unsubscribe_c
     they will be stored) and the ids of its lists; raises InvalidInput / NotFound naming the option.
     """
     if not draft.name.strip():
-        raise InvalidInput("--name: a campaign needs a name")
+        raise InvalidInput("{=name}: a campaign needs a name")
     if not draft.subject.strip():
-        raise InvalidInput("--subject: a campaign needs a subject")
+        raise InvalidInput("{=subject}: a campaign needs a subject")
     if not draft.lists:
-        raise InvalidInput("--list: a campaign needs at least one list")
+        raise InvalidInput("{=lists}: a campaign needs at least one list")
     if draft.text_body is None and draft.html_body is None:
-        raise InvalidInput("a campaign needs a body: give --text FILE and/or --html FILE")
-    from_addr = check_mailbox(draft.from_addr, what="--from")
-    reply_to = check_mailbox(draft.reply_to, what="--reply-to") if draft.reply_to else None
+        raise InvalidInput("a campaign needs a body: give {=text_body} and/or {=html_body}")
+    from_addr = check_mailbox(draft.from_addr, what="{=from_addr}")
+    reply_to = check_mailbox(draft.reply_to, what="{=reply_to}") if draft.reply_to else None
     check_content(draft.subject, draft.text_body, draft.html_body, unsubscribe_configured=unsubscribe_configured,
                   limits=limits)
     list_ids = [get_list(conn, list_name).id for list_name in draft.lists]

@@ -76,8 +76,8 @@ def edit_campaign(conn: psycopg.Connection, campaign_id: int, *, unsubscribe_con
     if unknown:
         raise TypeError(f"edit_campaign: cannot change {', '.join(sorted(unknown))}")
     if not changes and burst is None:
-        raise UsageError("campaign edit: nothing to change: give at least one of "
-                         "--name, --subject, --from, --reply-to, --text, --html, --list, --rate")
+        raise UsageError("campaign edit: nothing to change: give at least one of {=name}, {=subject}, {=from_addr}, "
+                         "{=reply_to}, {=text_body}, {=html_body}, {=lists}, {=rate}")
     if "rate" in changes or burst is not None:
         changes["rate"] = send_rate_text(changes.get("rate"), burst)  # refused before the lock
     with conn.transaction():
@@ -120,7 +120,7 @@ def _not_editable(campaign: Campaign) -> str:
 def clone_campaign(conn: psycopg.Connection, campaign_id: int, name: str | None = None) -> int:
     """A new draft with the content, rate and lists of campaign ``campaign_id`` (any state); its id."""
     if name is not None and not name.strip():
-        raise InvalidInput("--name: a campaign needs a name")
+        raise InvalidInput("{=name}: a campaign needs a name")
     with conn.transaction():
         row = conn.execute(query("campaign_clone"),
                            {"campaign_id": campaign_id, "name": name.strip() if name else None}).fetchone()
@@ -148,7 +148,7 @@ def delete_campaign(conn: psycopg.Connection, campaign_id: int, *, force: bool =
         if campaign.status in _LIVE:
             raise InvalidState(
                 f"campaign {campaign_id} is {campaign.status}: its jobs may be in flight on any node; cancel it "
-                f"first (`senddock campaign cancel {campaign_id}`), then delete it with --force")
+                f"first (`senddock campaign cancel {campaign_id}`), then delete it with {{=force}}")
         params = {"campaign_id": campaign_id, "broadcast_id": campaign.broadcast_id}
         with conn.cursor(row_factory=dict_row) as cur:
             counts = cur.execute(query("campaign_delete_counts"), params).fetchone()
@@ -166,7 +166,7 @@ def delete_campaign(conn: psycopg.Connection, campaign_id: int, *, force: bool =
                 f"campaign {campaign_id} is {campaign.status}: deleting it removes its delivery history "
                 f"(broadcast {campaign.broadcast_id}: {plural(counts['jobs'], 'job')}, {counts['sent']} sent, "
                 f"{plural(counts['delivery_attempts'], 'delivery attempt')}, "
-                f"{plural(counts['delivery_events'], 'provider event')}); add --force to delete it anyway"
+                f"{plural(counts['delivery_events'], 'provider event')}); add {{=force}} to delete it anyway"
                 + (f" (the {plural(counts['suppressions_kept'], 'suppression')} its bounces made "
                    f"{'is' if counts['suppressions_kept'] == 1 else 'are'} kept)" if counts["suppressions_kept"] else ""))
         with conn.cursor(row_factory=dict_row) as cur:

@@ -117,7 +117,7 @@ def import_csv(
     try:
         check_encoding(encoding)
     except ValueError as exc:
-        raise UsageError(f"--encoding: {exc}") from None
+        raise UsageError(f"{{=encoding}}: {exc}") from None
     label = str(path)
     try:
         raw = open(path, "rb")  # noqa: SIM115 - closed below; progress reads its byte position

@@ -34,7 +34,7 @@ def test_a_relay_refusing_everyone_with_the_generic_550_suppresses_nobody(make_c
     # RFC 5321's default 550 text, no enhanced code: what a relay says for "relaying denied" too.
     smtp_sink.handler.rules = [FailRule.parse("*=550 Requested action not taken: mailbox unavailable (relaying denied)")]
     app = Senddock(make_config(fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 5},
-                                             workers=1)))
+                                             concurrency=1)))
     emails = [f"user{i}@example.com" for i in range(40)]
     campaign_id = make_broadcast(app, emails)
     drain(app.config)
@@ -82,7 +82,7 @@ def _through_a_lying_relay(make_config, sink, recipients: int, workers: int) -> 
 
 
 def test_the_bounce_rate_breaker_pauses_and_unsuppress_undoes_its_window(make_config, smtp_sink):
-    app, campaign_id, emails = _through_a_lying_relay(make_config, smtp_sink, 200, workers=2)
+    app, campaign_id, emails = _through_a_lying_relay(make_config, smtp_sink, 200, concurrency=2)
     # More than 5 of the first 10 results bounced: paused before the list was damaged.
     assert _campaign(app, campaign_id)[:2] == ("paused", "bounce_rate")
     bounced = {e for e, (status, reason, _) in jobs_by_email(app, campaign_id).items() if reason == "bounced"}
@@ -109,7 +109,7 @@ def test_the_bounce_rate_breaker_pauses_and_unsuppress_undoes_its_window(make_co
 
 def test_after_a_bounce_rate_pause_resuming_says_the_bounces_were_real(make_config, smtp_sink):
     smtp_sink.handler.rules = [FailRule.parse("dead*@*=550 5.1.1 no such user")]
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=1)))
     emails = [f"dead{i}@example.com" for i in range(8)] + [f"user{i}@example.com" for i in range(30)]
     campaign_id = make_broadcast(app, emails)
     drain(app.config)
@@ -128,7 +128,7 @@ def test_after_a_bounce_rate_pause_resuming_says_the_bounces_were_real(make_conf
 def test_bounces_neither_add_to_nor_end_a_run_of_relay_failures(make_config, smtp_sink):
     smtp_sink.handler.rules = [FailRule.parse("dead*@*=550 5.1.1 no such user"),
                                FailRule.parse("user*@*=451 temporary failure")]
-    settings = fast_settings(smtp_sink.port, workers=1, transport={"name": "smtp", "max_consecutive_failures": 5},
+    settings = fast_settings(smtp_sink.port, concurrency=1, transport={"name": "smtp", "max_consecutive_failures": 5},
                              breaker={"bounce_rate": 1.0, "early_bounces": 9, "early_window": 10})
     app = Senddock(make_config(settings))
     # Interleaved (in id order): a relay failure, a bounce, a relay failure...
@@ -143,7 +143,7 @@ def test_bounces_neither_add_to_nor_end_a_run_of_relay_failures(make_config, smt
 def test_throttling_uses_up_no_retries_and_never_pauses(make_config, smtp_sink):
     smtp_sink.handler.rules = [FailRule.parse("slow*@*=421 4.7.0 Try again later, closing connection"),
                                FailRule.parse("busy*@*=451 4.7.1 rate limited, slow down")]
-    settings = fast_settings(smtp_sink.port, workers=1, transport={"name": "smtp", "max_consecutive_failures": 2},
+    settings = fast_settings(smtp_sink.port, concurrency=1, transport={"name": "smtp", "max_consecutive_failures": 2},
                              retry={"schedule": ["300ms"], "max_retries": 1, "jitter": 0, "max_age": "3s"})
     app = Senddock(make_config(settings))
     emails = [f"slow{i}@example.com" for i in range(3)] + [f"busy{i}@example.com" for i in range(3)] + ["ok@example.com"]
@@ -165,7 +165,7 @@ def test_throttling_uses_up_no_retries_and_never_pauses(make_config, smtp_sink):
 
 def test_relay_trouble_at_rcpt_pauses_for_the_relay_not_the_recipients(make_config, smtp_sink):
     smtp_sink.handler.rules = [FailRule.parse("*=452 4.3.1 Insufficient system storage")]
-    settings = fast_settings(smtp_sink.port, workers=1, transport={"name": "smtp", "max_consecutive_failures": 4},
+    settings = fast_settings(smtp_sink.port, concurrency=1, transport={"name": "smtp", "max_consecutive_failures": 4},
                              retry={"schedule": ["1h"], "max_retries": 0, "jitter": 0},
                              breaker={"probe_interval": "1h", "probe_max_interval": "1h"})
     app = Senddock(make_config(settings))
@@ -183,7 +183,7 @@ def test_relay_trouble_at_rcpt_pauses_for_the_relay_not_the_recipients(make_conf
 def test_a_relay_outage_pauses_the_campaign_and_it_resumes_by_itself(make_config):
     smtp_sink = Sink("127.0.0.1", 0).start()
     port = smtp_sink.port
-    settings = fast_settings(port, workers=2, transport={"name": "smtp", "max_consecutive_failures": 5},
+    settings = fast_settings(port, concurrency=2, transport={"name": "smtp", "max_consecutive_failures": 5},
                              retry={"schedule": ["500ms"], "max_retries": 1, "jitter": 0},
                              breaker={"probe_interval": "300ms", "probe_max_interval": "1s"})
     settings["smtp"]["timeout"] = "2s"
@@ -291,7 +291,7 @@ def test_pending_bounces_are_handled_by_one_node_each(senddock_app, database_dsn
 
 def test_an_empty_claim_finishes_the_campaign_at_once(make_config, smtp_sink):
     # A long poll interval: only the worker's own finish after its empty claim can finish it soon.
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1, claim_batch=5, poll_interval="60s")))
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=1, claim_batch=5, poll_interval="60s")))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
     with running_node(app.config):
         wait_for(lambda: app.campaign_status(campaign_id).status == "finished", 15, "the campaign to finish")
@@ -320,7 +320,7 @@ def test_an_operator_can_take_over_a_pause_that_would_resume_by_itself(senddock_
 
 
 def test_unsuppress_never_reaches_an_address_that_unsubscribed_or_complained_since(make_config, smtp_sink):
-    app, campaign_id, _ = _through_a_lying_relay(make_config, smtp_sink, 40, workers=1)
+    app, campaign_id, _ = _through_a_lying_relay(make_config, smtp_sink, 40, concurrency=1)
     assert _campaign(app, campaign_id)[:2] == ("paused", "bounce_rate")
     # Two of the wrongly bounced addresses then unsubscribe, a third complains.
     from senddock.store.suppressions import Suppressions

@@ -14,7 +14,7 @@ from tests_support import make_broadcast, write_config
 def _relay_refusing_everyone(make_config, smtp_sink, tmp_path, reply="554 5.3.0 relay misconfigured"):
     # A relay outage that is not the recipients' fault: 5 failures in a row pause the campaign.
     smtp_sink.handler.rules = [FailRule.parse(f"*={reply}")]
-    settings = fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 5}, workers=1)
+    settings = fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 5}, concurrency=1)
     app = Senddock(make_config(settings))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(20)])
     drain(app.config)
@@ -68,7 +68,7 @@ def test_a_pause_a_person_must_judge_says_what_to_do_and_ends_the_watch(make_con
 
 def test_the_operators_own_pause_is_no_warning_and_resume_and_finish_are_recorded(
         make_config, smtp_sink, tmp_path, cli):
-    settings = fast_settings(smtp_sink.port, workers=1)
+    settings = fast_settings(smtp_sink.port, concurrency=1)
     app = Senddock(make_config(settings))
     config_path = write_config(tmp_path, settings)
     try:

@@ -92,16 +92,19 @@ def test_a_bad_rate_is_refused_naming_the_option_and_nothing_is_created(cli, con
     assert cli("campaign", "ls", "-c", config_file, "--json").json == {"campaigns": []}
 
 
-def test_the_api_refuses_a_bad_rate_as_the_cli_does(make_config):
+def test_the_api_refuses_a_bad_rate_as_the_cli_does_naming_its_own_parameters(make_config):
+    # The same checks as the CLI's; the message names the value as the Python API calls it (the
+    # CLI words it as its flag: --rate, --burst, set-rate's RATE).
     app = Senddock(make_config())
     app.create_list("news")
-    for rate, burst, message in (("fast", None, "--rate: 'fast' is not a rate"), ("10/s", 0, "--burst 0: not a burst"),
-                                 ("10/s", True, "--burst True: not a burst"), (None, 3, "--burst 3: a burst needs")):
+    for rate, burst, message in (("fast", None, "^rate: 'fast' is not a rate"), ("10/s", 0, "^burst 0: not a burst"),
+                                 ("10/s", True, "^burst True: not a burst"),
+                                 (None, 3, r"^burst 3: a burst needs a rate beside it \(give rate too\)")):
         with pytest.raises(UsageError, match=message):
             app.create_campaign(name="x", lists=["news"], subject="s", from_addr="a@example.com", text_body="hi",
                                 rate=rate, burst=burst)
     assert app.campaigns() == []
-    with pytest.raises(UsageError, match="RATE: '5 a minute' is not a rate"):
+    with pytest.raises(UsageError, match="^rate: '5 a minute' is not a rate"):
         app.set_campaign_rate(1, "5 a minute")
     app.close()
 
@@ -151,7 +154,7 @@ def test_set_rate_on_a_scheduled_campaign(cli, config_file, create):
     (["1", "fast"], f"argument RATE: 'fast' is not a rate: {GRAMMAR}"),
     (["1", "0/min"], "argument RATE: '0/min' is not a rate: N must be more than 0"),
     (["1", "10/s", "--burst", "-1"], "argument --burst: '-1' is not a burst"),
-    (["1", "none", "--burst", "3"], "--burst 3: a burst needs a rate beside it"),
+    (["1", "none", "--burst", "3"], "--burst 3: a burst needs a rate beside it (give RATE too)"),
     (["x", "10/s"], "argument ID: 'x' is not an id"),
 ])
 def test_set_rate_usage_errors_exit_2(cli, config_file, create, database_dsn, argv, message):

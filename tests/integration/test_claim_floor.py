@@ -91,7 +91,7 @@ def test_a_claim_costs_the_same_after_thousands_of_drained_jobs_while_an_old_sna
         conn.execute("VACUUM ANALYZE broadcast_jobs")
         node = register(conn, "drainer")
         queue = JobQueue(conn, node)
-        runner = Runner(senddock_app.config, workers=1)
+        runner = Runner(senddock_app.config, concurrency=1)
         try:
             if holder == "repeatable_read":  # a report, a pg_dump...
                 old.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
@@ -302,7 +302,7 @@ def test_two_nodes_stopped_and_killed_mid_broadcast_still_send_everyone(make_con
                                                                         tmp_path: Path):
     """Real processes with 100 ms polls (the floors move all the time): stops put claimed jobs back,
     kills leave them to recovery; every recipient gets the message, twice only when in doubt."""
-    settings = fast_settings(smtp_sink.port, workers=3, recovery={"heartbeat": "200ms", "lease": "2s",
+    settings = fast_settings(smtp_sink.port, concurrency=3, recovery={"heartbeat": "200ms", "lease": "2s",
                                                                    "max_rescues": 50})
     app = Senddock(make_config(settings))
     emails = [f"user{i}@example.com" for i in range(2500)]

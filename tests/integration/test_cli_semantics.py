@@ -108,7 +108,7 @@ def test_a_bad_from_stored_before_the_check_is_one_line_at_preview_send_test_and
         cli, config_file, body, news, database_dsn, column, header, option, stored, reason):
     cid = campaign(cli, config_file, body)
     sql(database_dsn, f"UPDATE campaigns SET {column} = %s WHERE id = %s", stored, cid)
-    line = f"its {header} {stored!r} is not usable: {reason}; fix it with `senddock campaign edit {cid} {option} ADDR`"
+    line = f"its {header} {stored!r} is not usable: {reason}; edit the campaign with another {option}"
     for argv, prefix in ((("campaign", "preview", cid), f"campaign {cid}"),
                          (("send-test", "--campaign", cid, "--to", "me@example.com"), f"campaign {cid}"),
                          (("campaign", "send", cid, "--no-unsubscribe"), f"campaign {cid} not sent")):

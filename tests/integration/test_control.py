@@ -31,7 +31,7 @@ def stop(nodes) -> None:
 
 
 def test_pause_then_resume_across_two_nodes_sends_everyone_exactly_once(make_config, database_dsn, smtp_sink, tmp_path):
-    settings = fast_settings(smtp_sink.port, workers=3)
+    settings = fast_settings(smtp_sink.port, concurrency=3)
     app = Senddock(make_config(settings))
     emails = [f"user{i}@example.com" for i in range(2000)]
     campaign_id = make_broadcast(app, emails)
@@ -58,7 +58,7 @@ def test_pause_then_resume_across_two_nodes_sends_everyone_exactly_once(make_con
 
 
 def test_cancel_mid_flight_sends_nothing_more(make_config, database_dsn, smtp_sink, tmp_path):
-    settings = fast_settings(smtp_sink.port, workers=3)
+    settings = fast_settings(smtp_sink.port, concurrency=3)
     app = Senddock(make_config(settings))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(2000)])
     nodes = [start_node(write_config(tmp_path, settings), database_dsn, "solo")]
@@ -143,7 +143,7 @@ def test_requeue_after_fixing_the_relay_never_touches_bounces(make_config, smtp_
 def test_requeue_keeps_a_paused_campaign_paused(make_config, smtp_sink):
     smtp_sink.handler.rules = [FailRule.parse("mail:*=554 5.7.1 your IP is on a block list")]
     app = Senddock(make_config(fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 2},
-                                             workers=1)))
+                                             concurrency=1)))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(6)])
     drain(app.config)
     status = app.campaign_status(campaign_id)

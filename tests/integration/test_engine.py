@@ -128,7 +128,7 @@ def test_a_5xx_to_mail_from_suppresses_nobody(app_for, smtp_sink):
 
 def test_consecutive_relay_failures_pause_the_campaign_instead_of_failing_the_list(app_for, smtp_sink):
     smtp_sink.handler.rules = [FailRule.parse("mail:*=554 5.7.1 your IP is on a block list")]
-    app = app_for(fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 5}, workers=1))
+    app = app_for(fast_settings(smtp_sink.port, transport={"name": "smtp", "max_consecutive_failures": 5}, concurrency=1))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(30)])
     drain(app.config)
     status = app.campaign_status(campaign_id)
@@ -222,7 +222,7 @@ def test_a_connection_break_after_a_claim_puts_its_jobs_back_not_in_doubt(app_fo
 
     from senddock.core.content import ContentCache
 
-    app = app_for(fast_settings(smtp_sink.port, workers=5, claim_batch=5))
+    app = app_for(fast_settings(smtp_sink.port, concurrency=5, claim_batch=5))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
     original, calls = ContentCache.load, []
 
@@ -253,7 +253,7 @@ def test_a_result_whose_commit_reply_was_lost_is_not_recorded_twice(app_for, mon
 
     with Sink("127.0.0.1", 0, credentials=("mailer", "right-password")) as relay:
         monkeypatch.setenv("SMTP_PASSWORD", "wrong-password")
-        settings = fast_settings(relay.port, workers=1)
+        settings = fast_settings(relay.port, concurrency=1)
         settings["smtp"].update(username="mailer", password="${SMTP_PASSWORD}")
         app = app_for(settings)
         campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])

@@ -20,7 +20,7 @@ from tests_support import (jobs_by_email, make_broadcast, register, sent_count, 
 
 
 def test_two_nodes_drain_one_broadcast_without_duplicates(make_config, database_dsn, smtp_sink, tmp_path: Path):
-    settings = fast_settings(smtp_sink.port, workers=3)
+    settings = fast_settings(smtp_sink.port, concurrency=3)
     app = Senddock(make_config(settings))
     emails = [f"user{i}@example.com" for i in range(800)]
     campaign_id = make_broadcast(app, emails)
@@ -189,7 +189,7 @@ def test_two_nodes_finishing_the_last_two_jobs_at_once_finish_the_campaign(sendd
 
 
 def test_a_node_cut_off_from_its_heartbeat_stops_sending_on_its_own(make_config, smtp_sink):
-    settings = fast_settings(smtp_sink.port, recovery={"heartbeat": "200ms", "lease": "1s"}, workers=2)
+    settings = fast_settings(smtp_sink.port, recovery={"heartbeat": "200ms", "lease": "1s"}, concurrency=2)
     app = Senddock(make_config(settings))
     make_broadcast(app, [f"user{i}@example.com" for i in range(3000)])
     runner = Runner(app.config)

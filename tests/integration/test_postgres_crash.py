@@ -90,7 +90,7 @@ def test_crash_restarts_under_running_nodes_leave_no_silent_duplicate(own_server
     smtp_sink = Sink("127.0.0.1", 0, delay=0.01).start()
     settings = fast_settings(smtp_sink.port, recovery={"heartbeat": "500ms", "lease": "30s"},
                              retry={"schedule": ["1s"], "max_retries": 20, "jitter": 0},
-                             workers=2, claim_batch=10, database={"result_commit": "async"})
+                             concurrency=2, claim_batch=10, database={"result_commit": "async"})
     app, config_path = _app(dsn, tmp_path, settings)
     emails = [f"user{i}@example.com" for i in range(2000)]
     campaign_id = make_broadcast(app, emails)
@@ -138,7 +138,7 @@ def test_results_lost_behind_a_pooler_are_committed_again_when_the_epoch_changes
 
     # One claim of five, all sent at once; no later claim commits (the queue is empty), so no
     # synchronous commit has flushed their results: the node holds the claim until one does.
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=5, claim_batch=5,
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=5, claim_batch=5,
                                              database={"result_commit": "async"})))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(5)])
     with running_node(app.config) as runner:

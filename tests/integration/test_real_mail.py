@@ -177,7 +177,7 @@ def test_starttls_without_auth_says_ehlo_again_inside_tls(make_config, tmp_path,
         app = Senddock(make_config(settings_for(relay.port, tmp_path, security="starttls",
                                                 ca_file=str(tls_files["ca"]))))
         campaign_id = personalised_campaign(app)
-        drain(app.config, workers=1)
+        drain(app.config, concurrency=1)
         assert app.campaign_status(campaign_id).sent == 3
         assert len(relay.received) == 3
     assert said == [False, True]  # one session: EHLO in clear text, then again inside TLS
@@ -251,7 +251,7 @@ def test_connections_are_reused_and_reopened_after_max_messages_and_after_a_421(
     server closing the session) makes the next message open a fresh one."""
     smtp_sink.handler.rules = [FailRule.parse("user4@*=421 4.7.0 closing connection")]
     # A 421 is throttling: it never uses up max_retries, so only max_age ends user4's retries.
-    settings = fast_settings(smtp_sink.port, workers=1, claim_batch=20,
+    settings = fast_settings(smtp_sink.port, concurrency=1, claim_batch=20,
                              retry={"schedule": ["500ms"], "max_retries": 1, "jitter": 0, "max_age": "2s"})
     settings["smtp"]["max_messages_per_connection"] = 3
     app = Senddock(make_config(settings))

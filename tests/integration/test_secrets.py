@@ -31,7 +31,7 @@ def test_a_direct_dsn_that_does_not_parse_stops_the_node_without_showing_its_pas
     monkeypatch.setenv("DIRECT_DSN", "postgresql://u:sec%zzret@127.0.0.1:1/none")
     config = make_config({"database": {"direct_dsn": "${DIRECT_DSN}"}})
     with pytest.raises(DatabaseError, match="cannot register the node") as caught:
-        Runner(config, workers=1).run()
+        Runner(config, concurrency=1).run()
     assert "zzret" not in str(caught.value)
 
 

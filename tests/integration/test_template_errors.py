@@ -109,7 +109,7 @@ def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(
     """Data that passes the send-time check (everyone has `n`) but does not render for one recipient
     (`n` is a string there): that job goes back in line and the campaign pauses with the reason; once
     the data or the template is fixed, `campaign resume` sends everyone exactly once."""
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=1)))
     app.create_list("news")
     emails = [f"user{i}@example.com" for i in range(50)]
     for i, email in enumerate(emails):  # #25 is outside the sample of the 20 oldest and 20 newest
@@ -154,7 +154,7 @@ def test_a_template_error_at_send_time_pauses_the_campaign_and_a_fix_resumes_it(
                                                            ("reply_to", "reply_to", "Reply-To")])
 def test_a_from_stored_before_it_was_checked_strictly_pauses_the_campaign_instead_of_crashing(
         make_config, smtp_sink, column, field, header):
-    app = Senddock(make_config(fast_settings(smtp_sink.port, workers=1)))
+    app = Senddock(make_config(fast_settings(smtp_sink.port, concurrency=1)))
     campaign_id = make_broadcast(app, ["a@example.com", "b@example.com"])
     with app.db.connection() as conn:  # what an older senddock let `campaign create` store
         conn.execute(f"UPDATE campaigns SET {column} = 'news@example.com, other@example.com' WHERE id = %s",

@@ -14,7 +14,7 @@ from tests_support import make_broadcast, senddock_executable, start_node, write
 
 
 def setup(make_config, database_dsn, smtp_sink, tmp_path, recipients=400, **overrides):
-    settings = fast_settings(smtp_sink.port, workers=2, **overrides)
+    settings = fast_settings(smtp_sink.port, concurrency=2, **overrides)
     app = Senddock(make_config(settings))
     campaign_id = make_broadcast(app, [f"user{i}@example.com" for i in range(recipients)])
     config_path = write_config(tmp_path, settings)

@@ -300,7 +300,7 @@ def test_bounces_at_the_send_and_the_bounce_rate_pause_are_events(make_config, s
 
     smtp_sink.handler.rules = [FailRule.parse("dead*@*=550 5.1.1 no such user")]
     with Receiver() as receiver:
-        config = make_config(fast_settings(smtp_sink.port, workers=1, webhooks=[
+        config = make_config(fast_settings(smtp_sink.port, concurrency=1, webhooks=[
             hook(receiver.url, events=["bounced", "campaign_paused", "campaign_finished"])]))
     app = Senddock(config)
     emails = [f"dead{i}@example.com" for i in range(8)] + [f"user{i}@example.com" for i in range(30)]
