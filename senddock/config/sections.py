@@ -11,7 +11,11 @@ from typing import Any
 
 import pluggy
 
+from senddock.config.bounces import BouncesSettings, bounces_settings
 from senddock.config.environment import ENV_CONFIG
+from senddock.config.mail import (DkimSettings, TemplateSettings, UnsubscribeSettings, dkim_settings, template_settings,
+                                  unsubscribe_settings)
+from senddock.config.serve import ServeSettings, serve_settings
 from senddock.durations import parse_duration
 from senddock.pacing.limits import PacingSettings, pacing_settings
 from senddock.redact import redact
@@ -58,6 +62,11 @@ class RecoverySettings:
 class LoggingSettings:
     level: str
     format: str
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    listen: str | None  # host:port as written; None: a node serves no /metrics
 
 
 @dataclass(frozen=True)
@@ -161,7 +170,33 @@ class Config:
     def logging(self) -> LoggingSettings:
         return LoggingSettings(**self.data["logging"])
 
+    @property
+    def metrics(self) -> MetricsSettings:
+        return MetricsSettings(listen=self.data["metrics"]["listen"])
+
+    @property
+    def unsubscribe(self) -> UnsubscribeSettings:
+        return unsubscribe_settings(self.data["unsubscribe"])
+
+    @property
+    def dkim(self) -> DkimSettings | None:
+        """None without a ``dkim`` section: messages go out unsigned."""
+        return dkim_settings(self.data["dkim"])
+
+    @property
+    def templates(self) -> TemplateSettings:
+        return template_settings(self.data["templates"])
+
+    @property
+    def bounces(self) -> BouncesSettings:
+        return bounces_settings(self.data["bounces"])
+
+    @property
+    def serve(self) -> ServeSettings:
+        return serve_settings(self.data["serve"])
+
     def section(self, name: str) -> Mapping[str, Any]:
+        """A plugin's own section, as validated (senddock's own sections have typed properties)."""
         return self.data.get(name) or {}
 
     def redacted(self) -> dict[str, Any]:
