@@ -191,12 +191,10 @@ class Senddock:
     def _render_limits(self):
         from senddock.mail.render_limits import render_limits
 
-        return render_limits(self.config.section("templates"))
+        return render_limits(self.config.templates)
 
     def _unsubscribe_configured(self) -> bool:
-        from senddock.mail.compose import UnsubscribeSettings
-
-        return UnsubscribeSettings.from_config(self.config).configured
+        return self.config.unsubscribe.configured
 
     def edit_campaign(self, campaign_id: int, **changes: Any) -> drafts.Edited:
         """Change a draft: any of ``name``, ``subject``, ``from``, ``reply_to`` ("" removes it), ``text``,
@@ -243,7 +241,7 @@ class Senddock:
             raise InvalidInput("--at: give the time with its zone, e.g. 2026-12-24T09:00:00+01:00")
         if send_at is not None:
             _refuse_past(send_at)
-        if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.section("unsubscribe"))):
+        if require_unsubscribe and (missing := unsubscribe.missing_links(self.config.unsubscribe)):
             raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass --no-unsubscribe to send "
                                "without (a test list, a relay of your own)")
         with self._conn() as conn:

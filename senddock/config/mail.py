@@ -22,7 +22,8 @@ class UnsubscribeSettings:
 
     @property
     def configured(self) -> bool:
-        """Whether messages carry unsubscribe links: a key to sign them and somewhere for them to lead."""
+        """Whether messages carry unsubscribe links (and templates may use ``unsubscribe_url``): a key
+        to sign them and somewhere for them to lead."""
         return bool(self.secret and (self.url or self.mailto))
 
 
