@@ -190,12 +190,10 @@ class Senddock:
     def _render_limits(self):
         from senddock.mail.render_limits import render_limits
 
-        return render_limits(self.config.section("templates"))
+        return render_limits(self.config.templates)
 
     def _unsubscribe_configured(self) -> bool:
-        from senddock.mail.compose import UnsubscribeSettings
-
-        return UnsubscribeSettings.from_config(self.config).configured
+        return self.config.unsubscribe.configured
 
     def edit_campaign(self, campaign_id: int, **changes: Any) -> drafts.Edited:
         """Change a draft: any of ``name``, ``subject``, ``from``, ``reply_to`` ("" removes it), ``text``,
@@ -237,7 +235,7 @@ class Senddock:
         """
         sending.check_send_at(send_at)
         if require_unsubscribe:
-            sending.check_unsubscribe_links(campaign_id, self.config.section("unsubscribe"))
+            sending.check_unsubscribe_links(campaign_id, self.config.unsubscribe)
         with self._conn() as conn:
             checked = sending.check_campaign(conn, campaign_id, unsubscribe_configured=self._unsubscribe_configured(),
                                              limits=self._render_limits())

@@ -17,7 +17,6 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from senddock.config import Config
-from senddock.durations import parse_duration
 from senddock.errors import UsageError
 
 DEFAULT_PORTS = {("imap", "tls"): 993, ("imap", "starttls"): 143, ("imap", "none"): 143,
@@ -48,14 +47,14 @@ class MailboxSettings:
 
 def mailbox_settings(config: Config) -> MailboxSettings:
     """``bounces.mailbox``, typed; UsageError naming the key when it cannot be used."""
-    section = (config.section("bounces").get("mailbox") or {})
-    if not section.get("url"):
+    section = config.bounces.mailbox
+    if not section.url:
         raise UsageError("bounces.mailbox.url: set the mailbox bounces are delivered to "
                          "(e.g. imap://bounces@imap.example.com/INBOX)")
-    url = urlsplit(section["url"])
+    url = urlsplit(section.url)
     protocol = url.scheme.lower()
-    security = section.get("security", "tls")
-    after = section.get("after", "delete")
+    security = section.security
+    after = section.after
     if protocol == "pop3" and after != "delete":
         raise UsageError(f"bounces.mailbox.after: POP3 has no folders: only delete, not {after!r}")
     if not url.hostname or not url.username:
@@ -63,7 +62,7 @@ def mailbox_settings(config: Config) -> MailboxSettings:
     if url.password:
         raise UsageError("bounces.mailbox.url: no password in the URL: set bounces.mailbox.password "
                          "from the environment")
-    if not section.get("password"):
+    if not section.password:
         raise UsageError("bounces.mailbox.password: required (${SENDDOCK_BOUNCES_MAILBOX_PASSWORD})")
     try:
         port = url.port or DEFAULT_PORTS[(protocol, security)]
@@ -71,10 +70,9 @@ def mailbox_settings(config: Config) -> MailboxSettings:
         raise UsageError(f"bounces.mailbox.url: {url.netloc.rpartition('@')[2]!r} is no host:port") from None
     return MailboxSettings(
         protocol=protocol, host=url.hostname, port=port,
-        user=unquote(url.username), password=section["password"], folder=unquote(url.path.strip("/")) or "INBOX",
-        security=security, verify=section.get("verify", True), ca_file=section.get("ca_file"), after=after,
-        interval=parse_duration(section.get("interval", "1m")), timeout=parse_duration(section.get("timeout", "30s")),
-        unreadable=section.get("unreadable", "senddock-unreadable"))
+        user=unquote(url.username), password=section.password, folder=unquote(url.path.strip("/")) or "INBOX",
+        security=security, verify=section.verify, ca_file=section.ca_file, after=after,
+        interval=section.interval, timeout=section.timeout, unreadable=section.unreadable)
 
 
 @dataclass

@@ -16,9 +16,8 @@ import structlog
 
 from senddock.bounces.matching import JobMatch, find_job
 from senddock.config import Config
-from senddock.mail import verp
 from senddock.outcome import BounceReport, MailReportKind
-from senddock.sizes import format_size, parse_size
+from senddock.sizes import format_size
 
 log = structlog.get_logger(__name__)
 
@@ -56,15 +55,10 @@ class ParsedMail:
     date: datetime | None = None  # when the report was written (its Date, never in the future)
 
 
-def max_message_size(config: Config) -> int:
-    """``bounces.max_message_size`` in bytes: what every intake reads of a message at most."""
-    return parse_size(config.section("bounces").get("max_message_size", "10MiB"))
-
-
 def parse_mail(config: Config, raw: bytes, envelope_recipients: Iterable[str] = ()) -> ParsedMail:
     """Never raises: a message nothing can read is ``not_bounce`` ("unreadable: ..."), counted and
     passed over, so one piece of garbage cannot stop an intake."""
-    limit = max_message_size(config)
+    limit = config.bounces.max_message_size
     if len(raw) > limit:
         report = BounceReport(MailReportKind.NOT_BOUNCE, parser="limit",
                               reason=f"not read: larger than bounces.max_message_size ({format_size(limit)})")
@@ -80,7 +74,7 @@ def parse_mail(config: Config, raw: bytes, envelope_recipients: Iterable[str] = 
 def _parse(config: Config, raw: bytes, envelope_recipients: Iterable[str]) -> ParsedMail:
     message = email.message_from_bytes(raw, policy=READING_POLICY)
     report = _report(config, message)
-    match = find_job(message, verp.secrets_of(config.section("bounces").get("secret")), envelope_recipients)
+    match = find_job(message, config.bounces.secrets, envelope_recipients)
     message_id = _message_id(message)
     # A relay that retries sends the same bytes; the same DSN in a mailbox has more Received lines
     # but the same Message-ID, and without one the same body. Named with the job: a made-up message

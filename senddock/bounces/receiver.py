@@ -26,9 +26,7 @@ import structlog
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
 
-from senddock.bounces.parsing import max_message_size
 from senddock.config import Config
-from senddock.durations import parse_duration
 from senddock.errors import UsageError
 from senddock.sink import free_port
 
@@ -54,12 +52,12 @@ class ReceiveSettings:
 
 def receive_settings(config: Config) -> ReceiveSettings:
     """The ``bounces.receive`` section, typed; UsageError naming the key when it cannot serve."""
-    section = config.section("bounces")
-    receive = section.get("receive") or {}
-    host, _, port = receive.get("listen", "127.0.0.1:2526").rpartition(":")
+    bounces = config.bounces
+    receive = bounces.receive
+    host, _, port = receive.listen.rpartition(":")
     if not 0 < int(port) < 65536:
         raise UsageError(f"bounces.receive.listen: port {port} is not between 1 and 65535")
-    addresses = receive.get("addresses")
+    addresses = receive.addresses
     if not addresses:
         template = (config.section("smtp") or {}).get("return_path") or ""
         if "{token}" not in template:
@@ -68,11 +66,11 @@ def receive_settings(config: Config) -> ReceiveSettings:
         # Escaped first: an address literal's brackets are no character class.
         addresses = [glob.escape(template).replace("{token}", "*")]
     return ReceiveSettings(host.strip("[]"), int(port), tuple(addresses),
-                           max_message_size(config),
-                           receive.get("max_connections", 20),
-                           max_sessions_per_client=receive.get("max_sessions_per_client", 3),
-                           session_lifetime=parse_duration(receive.get("session_lifetime", "10m")),
-                           max_recipients=receive.get("max_recipients", 100))
+                           bounces.max_message_size,
+                           receive.max_connections,
+                           max_sessions_per_client=receive.max_sessions_per_client,
+                           session_lifetime=receive.session_lifetime,
+                           max_recipients=receive.max_recipients)
 
 
 def start_receiver(config: Config, apply_mail: Callable[..., Any]) -> BounceReceiver:

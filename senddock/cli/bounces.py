@@ -67,13 +67,12 @@ def receive(args: argparse.Namespace, out: Output) -> int:
 
 def fetch(args: argparse.Namespace, out: Output) -> int:
     from senddock.bounces.mailbox import mailbox_errors, mailbox_settings, open_mailbox
-    from senddock.bounces.parsing import max_message_size
     from senddock.cli.engine import stop_on_signals
     from senddock.store.db import riding_out
 
     config = open_config(args)
     settings = mailbox_settings(config)
-    limit = max_message_size(config)
+    limit = config.bounces.max_message_size
     errors = mailbox_errors()
     totals = _totals()
     stop = threading.Event()
@@ -143,12 +142,11 @@ def _count(totals: dict[str, Any], result) -> None:
 
 
 def ingest(args: argparse.Namespace, out: Output) -> int:
-    from senddock.bounces.parsing import max_message_size
     from senddock.bounces.sources import SourceError, read_paths
 
     totals = _totals()
     with open_senddock(args) as sd:
-        for item in read_paths(args.paths, max_message_size(sd.config), read_too=False):
+        for item in read_paths(args.paths, sd.config.bounces.max_message_size, read_too=False):
             if isinstance(item, SourceError):
                 totals["problems"].append(str(item))
                 out.problem(f"senddock: {item}")
@@ -180,11 +178,11 @@ def _ingest_summary(totals: dict[str, Any]) -> str:
 
 
 def parse(args: argparse.Namespace, out: Output) -> int:
-    from senddock.bounces.parsing import max_message_size, parse_mail
+    from senddock.bounces.parsing import parse_mail
     from senddock.bounces.sources import SourceError, read_paths
 
     config = open_config(args)
-    limit = max_message_size(config)
+    limit = config.bounces.max_message_size
     rows: list[dict[str, Any]] = []
     forged: dict[str, str | None] = {}  # shown in the table; the JSON lines keep issue 15's six keys
     problems = 0

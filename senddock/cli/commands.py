@@ -96,7 +96,7 @@ def config_warnings(config: Config, path: Path) -> list[str]:
     """What a valid config will do that its author probably does not want, as ``FILE::$.path: why``."""
     from senddock.mail.unsubscribe import missing_links
 
-    missing = missing_links(config.section("unsubscribe"))
+    missing = missing_links(config.unsubscribe)
     if missing is None:
         return []
     return [f"{path}::$.unsubscribe: {missing}; `campaign send` refuses without it unless given --no-unsubscribe"]

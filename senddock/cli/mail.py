@@ -120,7 +120,7 @@ def _server_class():
 
 def _bounce_receiver(args: argparse.Namespace, config):
     """`bounces receive` inside serve, when bounces.receive.in_serve says so; None otherwise."""
-    if not (config.section("bounces").get("receive") or {}).get("in_serve"):
+    if not config.bounces.receive.in_serve:
         return None
     import structlog
 
@@ -150,17 +150,17 @@ def serve(args: argparse.Namespace, out: Output) -> int:
     from senddock.web.serve import create_app
 
     config = open_config(args)
-    settings = config.section("serve")
+    settings = config.serve
     with open_senddock(args) as sd:
         sd.ensure_schema()
     receiver = _bounce_receiver(args, config)
     db = Database(config.database, application_name="senddock-serve")
     app = create_app(config, db)
-    host, port = args.host or settings["host"], args.port or settings["port"]
+    host, port = args.host or settings.host, args.port or settings.port
     tls = {}
-    if settings.get("tls_cert_file"):
-        tls = {"ssl_certfile": str(config.folder / settings["tls_cert_file"]),
-               "ssl_keyfile": str(config.folder / settings["tls_key_file"])}
+    if settings.tls_cert_file:
+        tls = {"ssl_certfile": str(config.folder / settings.tls_cert_file),
+               "ssl_keyfile": str(config.folder / settings.tls_key_file)}
     log.info("serve_started", host=host, port=port, tls=bool(tls))
     limits = HttpLimits.from_settings(settings)
     # access_log off: request paths carry unsubscribe tokens.

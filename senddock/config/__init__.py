@@ -10,14 +10,23 @@ package imports no feature (each section's owner registers its checks in :mod:`.
 | ``validation`` | validate as written, substitute, validate again, fill defaults, run the checks |
 | ``checks`` | the checks JSON Schema cannot say, and the register owners add theirs to |
 | ``sections`` | :class:`Config` and the typed settings of its sections |
+| ``mail`` | the sections that shape a message, typed: ``unsubscribe``, ``dkim``, ``templates`` |
+| ``bounces`` | the ``bounces`` section, typed: VERP keys, soft bounces, the receiver and the mailbox |
+| ``serve`` | the ``serve`` section, typed: limits, SNS, /metrics and the dashboard's account |
 | ``webhooks`` | the ``webhooks`` section, typed: endpoints and subscriptions |
 """
 
+from senddock.config.bounces import (BounceMailboxSettings, BounceReceiveSettings, BouncesSettings,
+                                     SoftBounceSettings)
 from senddock.config.environment import ENV_CONFIG, ENV_DATABASE_URL, secret_env_name
+from senddock.config.mail import DkimSettings, TemplateSettings, UnsubscribeSettings
 from senddock.config.schema import base_schema
 from senddock.config.sections import (DEFAULT_CONCURRENCY, BreakerSettings, Config, DatabaseSettings, LoggingSettings,
-                                      RecoverySettings, find_config_path, transport_name)
+                                      MetricsSettings, RecoverySettings, find_config_path, transport_name)
+from senddock.config.serve import AdminSettings, ServeMetricsSettings, ServeSettings
 
-__all__ = ["DEFAULT_CONCURRENCY", "ENV_CONFIG", "ENV_DATABASE_URL", "BreakerSettings", "Config", "DatabaseSettings",
-           "LoggingSettings", "RecoverySettings", "base_schema", "find_config_path", "secret_env_name",
-           "transport_name"]
+__all__ = ["DEFAULT_CONCURRENCY", "ENV_CONFIG", "ENV_DATABASE_URL", "AdminSettings", "BounceMailboxSettings",
+           "BounceReceiveSettings", "BouncesSettings", "BreakerSettings", "Config", "DatabaseSettings", "DkimSettings",
+           "LoggingSettings", "MetricsSettings", "RecoverySettings", "ServeMetricsSettings", "ServeSettings",
+           "SoftBounceSettings", "TemplateSettings", "UnsubscribeSettings", "base_schema", "find_config_path",
+           "secret_env_name", "transport_name"]

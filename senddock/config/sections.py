@@ -11,7 +11,11 @@ from typing import Any
 
 import pluggy
 
+from senddock.config.bounces import BouncesSettings, bounces_settings
 from senddock.config.environment import ENV_CONFIG
+from senddock.config.mail import (DkimSettings, TemplateSettings, UnsubscribeSettings, dkim_settings, template_settings,
+                                  unsubscribe_settings)
+from senddock.config.serve import ServeSettings, serve_settings
 from senddock.durations import parse_duration
 from senddock.pacing.limits import PacingSettings, pacing_settings
 from senddock.redact import redact
@@ -61,11 +65,16 @@ class LoggingSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    listen: str | None  # host:port as written; None: a node serves no /metrics
+
+
+@dataclass(frozen=True)
 class Config:
     """The validated configuration and the plugin manager whose plugins contributed to its schema."""
 
     path: Path | None
-    data: Mapping[str, Any]
+    data: Mapping[str, Any] = field(repr=False)  # secrets in clear: see redacted()
     plugin_manager: pluggy.PluginManager = field(repr=False)
     plugin_origins: Mapping[str, str] = field(repr=False)
     transport_providers: Mapping[str, str] = field(repr=False)
@@ -156,7 +165,33 @@ class Config:
     def logging(self) -> LoggingSettings:
         return LoggingSettings(**self.data["logging"])
 
+    @property
+    def metrics(self) -> MetricsSettings:
+        return MetricsSettings(listen=self.data["metrics"]["listen"])
+
+    @property
+    def unsubscribe(self) -> UnsubscribeSettings:
+        return unsubscribe_settings(self.data["unsubscribe"])
+
+    @property
+    def dkim(self) -> DkimSettings | None:
+        """None without a ``dkim`` section: messages go out unsigned."""
+        return dkim_settings(self.data["dkim"])
+
+    @property
+    def templates(self) -> TemplateSettings:
+        return template_settings(self.data["templates"])
+
+    @property
+    def bounces(self) -> BouncesSettings:
+        return bounces_settings(self.data["bounces"])
+
+    @property
+    def serve(self) -> ServeSettings:
+        return serve_settings(self.data["serve"])
+
     def section(self, name: str) -> Mapping[str, Any]:
+        """A plugin's own section, as validated (senddock's own sections have typed properties)."""
         return self.data.get(name) or {}
 
     def redacted(self) -> dict[str, Any]:

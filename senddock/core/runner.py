@@ -271,7 +271,7 @@ class Runner:
 
     def _serve_health(self) -> None:
         """/metrics, /healthz and /readyz on metrics.listen, when it is set."""
-        listen = (self.config.section("metrics") or {}).get("listen")
+        listen = self.config.metrics.listen
         if not listen:
             return
         host, _, port = listen.rpartition(":")

@@ -23,7 +23,6 @@ from senddock.config import Config
 from senddock.store.db import Database
 from senddock.store.queries import query
 from senddock.store.jobs import bounce_check
-from senddock.durations import parse_duration
 from senddock.mail.mime import comparable_address
 from senddock.outcome import (
     Bounce,
@@ -131,13 +130,13 @@ def _soft_policy(conn: psycopg.Connection, config: Config, event: ProviderEvent,
     is as dead as an address gets, once is a holiday."""
     if event.kind != "bounce" or event.bounce_type != "Transient" or event.suppresses or not event.about_recipient:
         return event
-    soft = config.section("bounces").get("soft") or {}
-    window = parse_duration(soft.get("window", "30d"))
+    soft = config.bounces.soft
+    window = soft.window
     if _age(event.occurred_at) > window:
         return event  # an old report (an archive, a backlog): recorded, it counts for nothing now
     params = {"email": event.email, "job_id": job["id"], "window": window}
     others = conn.execute(query("soft_bounces_recent"), params).fetchone()[0]
-    return replace(event, suppresses=others + 1 >= soft.get("limit", 3))
+    return replace(event, suppresses=others + 1 >= soft.limit)
 
 
 def _age(occurred_at: str | None) -> float:

@@ -107,7 +107,7 @@ def _outcome(db: Database, pm: pluggy.PluginManager, config: Config, suppression
     if match.job is None:
         if match.forged:
             return MailOutcome("forged", replayed, detail=match.forged)
-        detail = ("no signed token names a job" if config.section("bounces").get("secret")
+        detail = ("no signed token names a job" if config.bounces.secrets
                   else "bounces.secret is not set: no token can be verified")
         return MailOutcome("unattributed", replayed, detail=detail)
     with db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:

@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psycopg
 
+from senddock.config import UnsubscribeSettings
 from senddock.domain.campaigns import (EmptyValue, MissingAttribute, SampleRecipient, campaign_content, check_content,
                                        check_not_sent, empty_values, missing_attributes, sample_recipients)
 from senddock.errors import InvalidInput, InvalidState, UsageError
@@ -41,9 +42,9 @@ def check_send_at(send_at: datetime | None) -> None:
     refuse_past(send_at)
 
 
-def check_unsubscribe_links(campaign_id: int, section: Mapping[str, Any]) -> None:
+def check_unsubscribe_links(campaign_id: int, settings: UnsubscribeSettings) -> None:
     """Bulk mail without List-Unsubscribe is what Gmail and Yahoo refuse: refused unless asked."""
-    if missing := unsubscribe.missing_links(section):
+    if missing := unsubscribe.missing_links(settings):
         raise InvalidState(f"campaign {campaign_id} not sent: {missing}; or pass {{=no_unsubscribe}} to send "
                            "without (a test list, a relay of your own)")
 

@@ -42,23 +42,6 @@ def check_recipient(recipient: Recipient) -> None:
 
 
 @dataclass(frozen=True)
-class UnsubscribeSettings:
-    url: str | None
-    mailto: str | None
-    secret: str | None
-
-    @classmethod
-    def from_config(cls, config: Config) -> UnsubscribeSettings:
-        section = config.section("unsubscribe")
-        return cls(url=section.get("url"), mailto=section.get("mailto"), secret=section.get("secret"))
-
-    @property
-    def configured(self) -> bool:
-        """Whether a template has ``unsubscribe_url`` (see Composer._unsubscribe_links)."""
-        return bool(self.secret and (self.url or self.mailto))
-
-
-@dataclass(frozen=True)
 class PreparedCampaign:
     """What is computed once per campaign: compiled templates, the sender's domain, List-Id."""
 
@@ -70,13 +53,13 @@ class PreparedCampaign:
 
 class Composer:
     def __init__(self, config: Config, *, signer: MessageSigner | None = None) -> None:
-        self.unsubscribe = UnsubscribeSettings.from_config(config)
-        self.signer = signer or signer_from_config(config.section("dkim") or None, config.folder)
+        self.unsubscribe = config.unsubscribe
+        self.signer = signer or signer_from_config(config.dkim, config.folder)
         # The first key signs; older ones listed after it only verify (senddock.bounces).
-        self._bounce_secret = next(iter(verp.secrets_of(config.section("bounces").get("secret"))), None)
+        self._bounce_secret = next(iter(config.bounces.secrets), None)
         self._prepared: dict[int, PreparedCampaign] = {}
         self._lock = threading.Lock()
-        self.render_limits = render_limits(config.section("templates"))
+        self.render_limits = render_limits(config.templates)
 
     def prepare(self, content: CampaignContent) -> PreparedCampaign:
         """Compile a campaign's templates (raises TemplateError); cached per campaign."""

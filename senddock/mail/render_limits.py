@@ -7,7 +7,10 @@ campaign checks, the CLI's query commands) does not import Jinja2.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from senddock.config import TemplateSettings
 
 
 @dataclass(frozen=True)
@@ -19,12 +22,6 @@ class RenderLimits:
 DEFAULT_LIMITS = RenderLimits()
 
 
-def render_limits(templates: Any) -> RenderLimits:
-    """The ``templates`` section (validated) as limits."""
-    from senddock.durations import parse_duration
-    from senddock.sizes import parse_size
-
-    if not templates:
-        return DEFAULT_LIMITS
-    return RenderLimits(max_size=parse_size(templates.get("max_size", "5MiB")),
-                        max_seconds=parse_duration(templates.get("max_render_time", "2s")))
+def render_limits(templates: TemplateSettings) -> RenderLimits:
+    """The ``templates`` section as limits."""
+    return RenderLimits(max_size=templates.max_size, max_seconds=templates.max_render_time)

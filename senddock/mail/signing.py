@@ -19,15 +19,18 @@ import base64
 import hashlib
 import re
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from senddock.errors import ConfigError
+
+if TYPE_CHECKING:
+    from senddock.config import DkimSettings
 
 SIGNED_HEADERS = (
     "From", "To", "Subject", "Date", "Message-ID", "Reply-To", "MIME-Version", "Content-Type",
@@ -119,14 +122,14 @@ class DkimSigner:
         return out
 
 
-def signer_from_config(section: Mapping[str, Any] | None, base: Path) -> DkimSigner | None:
+def signer_from_config(settings: DkimSettings | None, base: Path) -> DkimSigner | None:
     """The configured signer, or None without a ``dkim:`` section. Bad keys fail here, at start-up."""
-    if not section:
+    if settings is None:
         return None
-    if section.get("private_key"):
-        pem, where = section["private_key"].encode("utf-8"), "$.dkim.private_key"
+    if settings.private_key:
+        pem, where = settings.private_key.encode("utf-8"), "$.dkim.private_key"
     else:
-        path = base / section["private_key_file"]
+        path = base / settings.private_key_file
         where = f"$.dkim.private_key_file ({path})"
         try:
             pem = path.read_bytes()
@@ -138,4 +141,4 @@ def signer_from_config(section: Mapping[str, Any] | None, base: Path) -> DkimSig
         raise ConfigError([f"{where}: not a PEM private key without a passphrase ({exc})"]) from None
     if not isinstance(key, rsa.RSAPrivateKey) or key.key_size < 1024:
         raise ConfigError([f"{where}: DKIM needs an RSA key of at least 1024 bits (2048 recommended)"])
-    return DkimSigner(domain=section["domain"], selector=section["selector"], private_key=key)
+    return DkimSigner(domain=settings.domain, selector=settings.selector, private_key=key)

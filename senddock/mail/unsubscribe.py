@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from senddock.config import UnsubscribeSettings
 
 _CONTEXT = b"senddock-unsubscribe-v1:"  # a token signed for this purpose can serve no other
 _MAC_BYTES = 16  # 128 bits: far beyond guessing, half the length of a full SHA-256
@@ -67,11 +69,11 @@ def unsubscribe_url(base_url: str, token: str) -> str:
     return f"{base_url.rstrip('/')}/unsubscribe/{token}"
 
 
-def missing_links(section: Mapping[str, Any]) -> str | None:
+def missing_links(settings: UnsubscribeSettings) -> str | None:
     """Why messages sent with this ``unsubscribe`` config section carry no List-Unsubscribe header,
     or None when they do. Gmail and Yahoo require one-click unsubscribe (RFC 8058) of bulk senders:
     `campaign send` refuses without it, `check-config` warns."""
-    if section.get("secret") and (section.get("url") or section.get("mailto")):
+    if settings.configured:
         return None
     return ("no unsubscribe link is configured: messages would go out without a List-Unsubscribe header, "
             "which Gmail and Yahoo require of bulk senders (one-click, RFC 8058); set unsubscribe.url (the "

@@ -44,14 +44,6 @@ class JobToken:
     job_id: int
 
 
-def secrets_of(setting: str | Sequence[str] | None) -> tuple[str, ...]:
-    """``bounces.secret`` as a tuple: one key, or the current one then the older ones still
-    accepted (rotation: list the new key first, drop the old once its bounces stopped coming)."""
-    if not setting:
-        return ()
-    return (setting,) if isinstance(setting, str) else tuple(setting)
-
-
 def _base36(number: int) -> str:
     if not 0 < number <= _ID_MAX:
         raise ValueError(f"an id must be a positive bigint, not {number}")

@@ -28,14 +28,16 @@ import ipaddress
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h11
 import structlog
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from senddock.durations import parse_duration
-from senddock.sizes import format_size, parse_size
+from senddock.sizes import format_size
+
+if TYPE_CHECKING:
+    from senddock.config import ServeSettings
 
 log = structlog.get_logger(__name__)
 
@@ -56,16 +58,16 @@ class HttpLimits:
     trusted_proxies: tuple[str, ...] = ()
 
     @classmethod
-    def from_settings(cls, serve: Mapping[str, Any]) -> HttpLimits:
-        """From the validated ``serve`` section (defaults filled in)."""
+    def from_settings(cls, serve: ServeSettings) -> HttpLimits:
+        """From the ``serve`` section."""
         return cls(
-            max_body=parse_size(serve["max_body"]),
-            body_timeout=parse_duration(serve["body_timeout"]),
-            header_timeout=parse_duration(serve["header_timeout"]),
-            max_connections=serve["max_connections"],
-            keep_alive_timeout=parse_duration(serve["keep_alive_timeout"]),
-            max_connections_per_client=serve.get("max_connections_per_client", 20),
-            trusted_proxies=tuple(serve.get("trusted_proxies", ())),
+            max_body=serve.max_body,
+            body_timeout=serve.body_timeout,
+            header_timeout=serve.header_timeout,
+            max_connections=serve.max_connections,
+            keep_alive_timeout=serve.keep_alive_timeout,
+            max_connections_per_client=serve.max_connections_per_client,
+            trusted_proxies=serve.trusted_proxies,
         )
 
     def uvicorn_options(self) -> dict[str, Any]:

@@ -19,15 +19,14 @@ from starlette.responses import PlainTextResponse, Response
 
 from senddock.config import Config
 from senddock.store.db import Database
-from senddock.durations import parse_duration
 from senddock.observe.cluster_metrics import ClusterCollector
 
 
 def metrics_endpoint(config: Config, db: Database):
-    settings = config.section("serve")["metrics"]
-    allowed = [ipaddress.ip_network(network, strict=False) for network in settings["allow"]]
-    token = settings.get("token")
-    registry = ClusterCollector(config, db, min_interval=parse_duration(settings["min_interval"])).registry()
+    settings = config.serve.metrics
+    allowed = [ipaddress.ip_network(network, strict=False) for network in settings.allow]
+    token = settings.token
+    registry = ClusterCollector(config, db, min_interval=settings.min_interval).registry()
 
     def trusted(request: Request) -> bool:
         if token:

@@ -41,7 +41,6 @@ from senddock.domain import subscribers
 from senddock.store.db import Database
 from senddock.domain.events import UnknownMessage, apply_events
 from senddock.store.suppressions import Suppressions
-from senddock.durations import parse_duration
 from senddock.mail.unsubscribe import BadToken, UnsubscribeToken, read_token
 from senddock.outcome import EventError
 from senddock.web.dashboard.routes import dashboard_routes
@@ -81,7 +80,7 @@ def _invalid_link() -> HTMLResponse:
 
 
 def create_app(config: Config, db: Database) -> Starlette:
-    secret = config.section("unsubscribe").get("secret")
+    secret = config.unsubscribe.secret
     if not secret:
         log.warning("unsubscribe_off", reason=f"unsubscribe.secret is not set: /unsubscribe answers "
                                               f"{INVALID_LINK_STATUS} (invalid link) to every link")
@@ -116,11 +115,12 @@ def create_app(config: Config, db: Database) -> Starlette:
         log.info("unsubscribed", subscriber_id=token.subscriber_id, campaign_id=token.campaign_id)
         return _page("Unsubscribed", f"<p>{escape(email)} will receive no more of these emails.</p>")
 
-    verifier = Verifier({url: config.folder / path for url, path in config.section("serve").get("sns_certificates", {}).items()},
-                        timeout=parse_duration(config.section("serve")["sns_certificate_timeout"]))
+    settings = config.serve
+    verifier = Verifier({url: config.folder / path for url, path in settings.sns_certificates.items()},
+                        timeout=settings.sns_certificate_timeout)
     suppressions = Suppressions(db)
     pm = config.plugin_manager
-    topics = set(config.section("serve").get("sns_topic_arns", []))
+    topics = set(settings.sns_topic_arns)
 
     async def ses_webhook(request: Request) -> JSONResponse:
         try:
@@ -179,7 +179,7 @@ def create_app(config: Config, db: Database) -> Starlette:
     async def not_found(request: Request, exc: Exception) -> PlainTextResponse:
         return PlainTextResponse("not found", status_code=404)
 
-    limits = HttpLimits.from_settings(config.section("serve"))
+    limits = HttpLimits.from_settings(settings)
     return Starlette(
         # Inside Starlette's error middleware, so a refused body is never turned into a 500.
         middleware=[Middleware(BodyLimit, max_body=limits.max_body, timeout=limits.body_timeout)],

@@ -37,8 +37,8 @@ def test_shipped_config_is_valid_and_uses_the_embedded_database_and_local_smtp()
     assert (config.section("smtp")["host"], config.section("smtp")["port"]) == ("127.0.0.1", 1025)
     # Unsubscribe links point at `senddock serve` on this machine, signed with the secret from the
     # environment: `campaign send` has what it requires, and no secret is written in the file.
-    unsubscribe = config.section("unsubscribe")
-    assert (unsubscribe["url"], unsubscribe["secret"]) == (f"http://127.0.0.1:{config.section('serve')['port']}", secret)
+    unsubscribe = config.unsubscribe
+    assert (unsubscribe.url, unsubscribe.secret) == (f"http://127.0.0.1:{config.serve.port}", secret)
     assert missing_links(unsubscribe) is None
 
 

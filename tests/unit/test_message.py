@@ -152,14 +152,15 @@ def test_a_non_ascii_local_part_fails_alone_without_suppression():
     (b"-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n", "not a PEM private key"),
 ])
 def test_a_bad_dkim_key_stops_the_start_with_the_key_path(tmp_path, key, error):
+    from senddock.config import DkimSettings
     from senddock.errors import ConfigError
     from senddock.mail.signing import signer_from_config
 
     if key is not None:
         (tmp_path / "dkim.pem").write_bytes(key)
-    section = {"domain": "example.com", "selector": "s1", "private_key_file": "dkim.pem"}
+    settings = DkimSettings(domain="example.com", selector="s1", private_key_file="dkim.pem")
     with pytest.raises(ConfigError, match=rf"^\$\.dkim\.private_key_file \({tmp_path}/dkim.pem\): {error}"):
-        signer_from_config(section, tmp_path)
+        signer_from_config(settings, tmp_path)
 
 
 def test_an_empty_body_and_trailing_blank_lines_sign_the_same_way_dkimpy_verifies(composer):

@@ -54,12 +54,6 @@ def test_return_path_room():
         "a-very-long-prefix-for-bounces-of-the-newsletter+{token}@example.com")
 
 
-def test_bounces_secret_may_be_one_key_or_a_list():
-    assert verp.secrets_of(None) == ()
-    assert verp.secrets_of(KEY) == (KEY,)
-    assert verp.secrets_of([KEY, OLD_KEY]) == (KEY, OLD_KEY)
-
-
 def test_without_a_secret_a_token_is_neither_verified_nor_called_forged():
     from email import message_from_string
 

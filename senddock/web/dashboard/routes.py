@@ -27,12 +27,11 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from senddock.api import Senddock
-from senddock.config import Config
+from senddock.config import AdminSettings, Config
 from senddock.domain import campaign_control
 from senddock.domain.campaigns import COMPLAINT_RATE_LIMIT
 from senddock.store.db import Database
 from senddock.store.queries import query
-from senddock.durations import parse_duration
 from senddock.errors import InvalidState, NotFound, SenddockError
 from senddock.web.dashboard import charts, data
 from senddock.passwords import MAX_PASSWORD_LENGTH, verify_password
@@ -51,22 +50,22 @@ ACTOR_PREFIX = "senddock-dashboard "  # application_name while an action runs: `
 
 
 def dashboard_routes(config: Config, db: Database) -> list[BaseRoute]:
-    admin = config.section("serve").get("admin")
-    if not admin:
+    admin = config.serve.admin
+    if admin is None:
         return []
     return [Mount(PATH, routes=Dashboard(config, db, admin).routes())]
 
 
 class Dashboard:
-    def __init__(self, config: Config, db: Database, admin: dict[str, Any]) -> None:
+    def __init__(self, config: Config, db: Database, admin: AdminSettings) -> None:
         self.sd = Senddock(config, database=db)  # never closed here: serve owns the database
         self.db = db
-        self.username: str = admin["username"]
-        self.password_hash: str = admin["password_hash"]
-        self.cookies = SessionCookies(password_hash=self.password_hash, secret=admin.get("session_secret"),
-                                      lifetime=parse_duration(admin["session_lifetime"]))
+        self.username = admin.username
+        self.password_hash = admin.password_hash
+        self.cookies = SessionCookies(password_hash=self.password_hash, secret=admin.session_secret,
+                                      lifetime=admin.session_lifetime)
         self.throttle = LoginThrottle()
-        self.verifications = Verifications(admin.get("max_verifying", 2))
+        self.verifications = Verifications(admin.max_verifying)
         self.templates = Environment(loader=PackageLoader("senddock.web.dashboard", "templates"),
                                      autoescape=select_autoescape(default=True), trim_blocks=True, lstrip_blocks=True)
         self.templates.globals.update(csrf_field=CSRF_FIELD, charts=charts, complaint_limit=COMPLAINT_RATE_LIMIT,
