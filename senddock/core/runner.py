@@ -23,6 +23,7 @@ import psycopg
 import structlog
 
 from senddock.config import Config
+from senddock.config_digest import short_digest
 from senddock.core.aftercare import Aftercare, RunStats
 from senddock.core.breaker import Prober
 from senddock.core.claimer import Claimer
@@ -179,7 +180,8 @@ class Runner:
         # Before the pool opens (the first chore): its sessions carry the node's name.
         self.db.name_sessions(f"senddock-run {self.node.name}")
         log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
-                 concurrency=self.concurrency, transport=self.config.transport)
+                 concurrency=self.concurrency, transport=self.config.transport,
+                 config_digest=short_digest(self.lifeline.config_digest))
         self.metrics.name_node(self.node.name)
         self.watchdog.start()
         self._serve_health()
