@@ -28,6 +28,7 @@ from senddock.core.aftercare import Aftercare, RunStats
 from senddock.core.breaker import Prober
 from senddock.core.claimer import Claimer
 from senddock.core.completer import Completer
+from senddock.core.config_watch import ConfigWatch
 from senddock.core.content import ContentCache
 from senddock.core.db import Database
 from senddock.core.epoch import ensure_epoch
@@ -105,6 +106,7 @@ class Runner:
         # Claims, group commits and heartbeats in progress: a watchdog reports those that hang.
         self.waits = Waits()
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers, self.waits)
+        self.config_watch = ConfigWatch(config)  # says when the file no longer holds what the node runs
         self.watchdog = Watchdog(self.waits, stuck_after=config.database.stuck_after, connect=self._watchdog_connection,
                                  gauge=self.metrics.database_wait)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
@@ -198,6 +200,7 @@ class Runner:
                     break  # its name was taken by another live process: stop before anyone sends twice
                 if time.monotonic() - chores_at >= self.config.poll_interval:  # a look adds no chores
                     self._chores()
+                    self.config_watch.check()
                     chores_at = time.monotonic()
                 if self.exit_when_idle and self._idle():
                     self._chores()  # the last word: campaigns the last results finished, before exiting
