@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from senddock.config import Config
 from senddock.loading import load_config
+from senddock.config.digest import config_digest
 from senddock.domain import campaign_control, campaigns, drafts, events, lists, sending, subscribers
 from senddock.store import migrations
 from senddock.core import nodes, results
@@ -381,8 +382,13 @@ class Senddock:
                                                  limit=limit)
 
     def nodes(self) -> list[dict[str, Any]]:
+        """Live and recently seen nodes; ``config_matches``: whether a node's config digest equals
+        this Senddock's config's (None for a node that recorded none)."""
         with self._conn() as conn:
-            return nodes.list_nodes(conn, self.config.recovery.lease)
+            rows = nodes.list_nodes(conn, self.config.recovery.lease)
+        ours = config_digest(self.config)
+        return [{**row, "config_matches": None if row["config_digest"] is None else row["config_digest"] == ours}
+                for row in rows]
 
     # -- webhooks --------------------------------------------------------------------------------
 

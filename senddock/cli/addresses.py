@@ -8,6 +8,7 @@ import sys
 
 from senddock.cli.commands import fallback_note, open_senddock
 from senddock.cli.output import Output, plural, table
+from senddock.config.digest import short_digest
 from senddock.csv_cells import csv_row
 from senddock.csv_text import DEFAULT_ENCODING, check_encoding, decoded_lines
 from senddock.errors import EXIT_OK, EXIT_PROBLEMS, InvalidInput
@@ -234,8 +235,14 @@ def nodes(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         rows = sd.nodes()
     out.result({"nodes": rows}, lambda: table(
-        ["name", "host", "pid", "state", "heartbeat", "in flight", "started"],
+        ["name", "host", "pid", "state", "heartbeat", "in flight", "started", "config"],
         [[r["name"], r["host"], r["pid"], "stopped" if r["stopped_at"] else ("alive" if r["alive"] else "dead"),
-          f"{r['heartbeat_age']:.1f}s ago", r["in_flight"], r["started_at"]] for r in rows],
+          f"{r['heartbeat_age']:.1f}s ago", r["in_flight"], r["started_at"], _config_cell(r)] for r in rows],
     ) if rows else "no nodes have run")
     return EXIT_OK
+
+
+def _config_cell(row: dict) -> str:
+    """The node's config digest, marked when it is not the digest of the config this command read."""
+    shown = short_digest(row["config_digest"])
+    return shown + " (differs)" if row["config_matches"] is False else shown

@@ -124,16 +124,20 @@ def config_folder(path: Path | None) -> Path:
     The config file's own folder; the current directory for the defaults and for a config that has
     no folder of its own: a pipe, a FIFO, a process substitution, /dev/stdin.
     """
-    if path is None:
+    if path is None or not rereadable(path):
         return Path.cwd()
+    return Path(os.path.abspath(path)).parent
+
+
+def rereadable(path: Path) -> bool:
+    """Whether ``path`` is a regular file that may be read again (a running node watches it), not
+    a stream whatever it is connected to (see _STREAM_FOLDERS)."""
     absolute = Path(os.path.abspath(path))
     try:
         regular = stat.S_ISREG(absolute.stat().st_mode)
     except OSError:
         regular = False
-    if not regular or absolute.parts[1:2] in [(folder,) for folder in _STREAM_FOLDERS]:
-        return Path.cwd()
-    return absolute.parent
+    return regular and absolute.parts[1:2] not in [(folder,) for folder in _STREAM_FOLDERS]
 
 
 def _json_path(parts: tuple) -> str:

@@ -18,6 +18,7 @@ import structlog
 from psycopg.rows import dict_row
 
 from senddock.config import Config
+from senddock.config.digest import config_digest
 from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
 from senddock.core.node_names import NOT_A_SESSION, NodeNameTaken, NotASession, check_lock_is_ours, claim_name
@@ -56,6 +57,8 @@ class Lifeline(threading.Thread):
         self._db = db
         self.node = node  # its name is chosen (or checked) when the lifeline first connects
         self._wake = wake
+        # Recorded with the node: which config it runs with (`senddock nodes` compares it with a file).
+        self.config_digest = config_digest(config)
         self._waits = waits or Waits()  # heartbeats in progress, for the node's watchdog
         self._heartbeat = config.recovery.heartbeat
         self._lease = config.recovery.lease
@@ -165,7 +168,7 @@ class Lifeline(threading.Thread):
         self.lock_id = conn.execute(
             query("node_register"),
             {"node_id": self.node.id, "name": self.node.name, "host": self.node.host, "pid": self.node.pid,
-             "settled_epoch": known_epoch or self.epoch},
+             "settled_epoch": known_epoch or self.epoch, "config_digest": self.config_digest},
         ).fetchone()[0]
         self._take_lock(conn)
         check_lock_is_ours(conn, LOCK_CLASS, self.lock_id)

@@ -23,10 +23,12 @@ import psycopg
 import structlog
 
 from senddock.config import Config
+from senddock.config.digest import short_digest
 from senddock.core.aftercare import Aftercare, RunStats
 from senddock.core.breaker import Prober
 from senddock.core.claimer import Claimer
 from senddock.core.completer import Completer
+from senddock.core.config_watch import ConfigWatch
 from senddock.core.content import ContentCache
 from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
@@ -105,6 +107,7 @@ class Runner:
         # Claims, group commits and heartbeats in progress: a watchdog reports those that hang.
         self.waits = Waits()
         self.lifeline = Lifeline(config, self.db, self.node, self.wake_workers, self.waits)
+        self.config_watch = ConfigWatch(config)  # says when the file no longer holds what the node runs
         self.watchdog = Watchdog(self.waits, stuck_after=config.database.stuck_after, connect=self._watchdog_connection,
                                  gauge=self.metrics.database_wait)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
@@ -180,7 +183,8 @@ class Runner:
         # Before the pool opens (the first chore): its sessions carry the node's name.
         self.db.name_sessions(f"senddock-run {self.node.name}")
         log.info("node_started", node=self.node.name, node_id=str(self.node.id), pid=self.node.pid,
-                 concurrency=self.concurrency, transport=self.config.transport)
+                 concurrency=self.concurrency, transport=self.config.transport,
+                 config_digest=short_digest(self.lifeline.config_digest))
         self.metrics.name_node(self.node.name)
         self.watchdog.start()
         self._serve_health()
@@ -197,6 +201,7 @@ class Runner:
                     break  # its name was taken by another live process: stop before anyone sends twice
                 if time.monotonic() - chores_at >= self.config.poll_interval:  # a look adds no chores
                     self._chores()
+                    self.config_watch.check()
                     chores_at = time.monotonic()
                 if self.exit_when_idle and self._idle():
                     self._chores()  # the last word: campaigns the last results finished, before exiting

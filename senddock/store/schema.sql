@@ -196,6 +196,7 @@ CREATE TABLE nodes (
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     stopped_at timestamp with time zone,
     settled_epoch uuid,
+    config_digest text,
     CONSTRAINT nodes_pkey PRIMARY KEY (id),
     CONSTRAINT nodes_lock_id_key UNIQUE (lock_id)
 );

@@ -145,7 +145,7 @@ FORBIDDEN = {
     "senddock.store": {"senddock.core", "senddock.domain", "senddock.api", "senddock.cli", "senddock.web",
                        "senddock.webhooks", "senddock.observe", "senddock.bounces", "senddock.loading",
                        "senddock.plugins"},
-    "senddock.core": {"senddock.domain", "senddock.api", "senddock.cli", "senddock.web", "senddock.loading"},
+    "senddock.core": {"senddock.domain", "senddock.api", "senddock.cli", "senddock.web"},
     "senddock.domain": {"senddock.api", "senddock.cli", "senddock.web", "senddock.core.runner"},
     "senddock.config": {"senddock.core", "senddock.domain", "senddock.store", "senddock.api", "senddock.cli",
                         "senddock.web", "senddock.webhooks", "senddock.observe", "senddock.bounces",

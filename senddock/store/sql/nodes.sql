@@ -20,9 +20,9 @@ SELECT id, started_at, false, false FROM server_epoch WHERE NOT EXISTS (SELECT F
 -- Also on every reconnect of the lifeline: a promoted standby may have lost the node's row (it was
 -- registered in the primary's last moments). Then it is made again, with a new lock id, and
 -- settled_epoch as given: the epoch it settled in before (it must settle in this one), or, first
--- time, the current one (a new node has nothing to settle).
-INSERT INTO nodes (id, name, host, pid, settled_epoch)
-VALUES (%(node_id)s, %(name)s, %(host)s, %(pid)s, %(settled_epoch)s)
+-- time, the current one (a new node has nothing to settle). config_digest: see senddock.config.digest.
+INSERT INTO nodes (id, name, host, pid, settled_epoch, config_digest)
+VALUES (%(node_id)s, %(name)s, %(host)s, %(pid)s, %(settled_epoch)s, %(config_digest)s)
 ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name
 RETURNING lock_id;
 
@@ -114,7 +114,7 @@ UPDATE nodes SET stopped_at = now(), heartbeat_at = now() WHERE id = %(node_id)s
 
 -- name: nodes_list
 -- Live nodes and those seen in the last day, with their jobs in flight.
-SELECT n.name, n.id, n.host, n.pid, n.started_at, n.stopped_at,
+SELECT n.name, n.id, n.host, n.pid, n.started_at, n.stopped_at, n.config_digest,
        extract(epoch FROM now() - n.heartbeat_at)::float8 AS heartbeat_age,
        (SELECT count(*) FROM broadcast_jobs j WHERE j.status = 'sending' AND j.claimed_by = n.id) AS in_flight,
        n.stopped_at IS NULL AND n.heartbeat_at > now() - make_interval(secs => %(lease)s::float8) AS alive
