@@ -15,8 +15,11 @@ from importlib import metadata
 from typing import Any
 
 import pluggy
+import structlog
 
 from senddock import defaults, hooks
+
+log = structlog.get_logger(__name__)
 
 ENTRY_POINT_GROUP = "senddock"
 DEFAULTS_NAME = "senddock.defaults"
@@ -106,6 +109,23 @@ def _register(build: PluginManagerBuild, name: str, plugin: object, origin: str)
         build.errors.append(f"$.plugins: plugin {name!r} cannot be registered: {exc}")
         return
     build.origins[name] = origin
+
+
+def call_each(hook: pluggy.HookCaller, **kwargs: Any) -> None:
+    """Call every implementation of a hook whose results are ignored, even after one raises.
+
+    pluggy stops at the first exception, so one plugin's bug would skip every implementation after
+    it: another transport's warm-up in ``worker_started``, the ``worker_stopped`` that closes its
+    connections. Each failure is logged with the plugin's name and the next one is called, in
+    pluggy's order (``tryfirst`` first, ``trylast`` last). Hook wrappers are not called.
+    """
+    for impl in reversed(hook.get_hookimpls()):  # pluggy calls the last registered first, as here
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        try:
+            impl.function(*[kwargs[argname] for argname in impl.argnames])
+        except Exception as exc:  # noqa: BLE001 - one plugin's bug, logged; the others still run
+            log.error("plugin_failed", hook=hook.name, plugin=impl.plugin_name, error=repr(exc))
 
 
 def _collect_contributions(build: PluginManagerBuild) -> None:

@@ -166,8 +166,11 @@ def test_every_hook_spec_is_documented(name: str):
     for parameter in inspect.signature(spec).parameters:
         assert f":param {parameter}:" in doc, f"{name} does not document {parameter}"
     assert ":return:" in doc
+    # Each says whether it stops at the first result or calls every implementation.
     if spec.senddock_spec.get("firstresult"):
         assert "Return None to let other plugins decide; the first non-None result wins." in " ".join(doc.split())
+    else:
+        assert "Every implementation is called (not firstresult)" in " ".join(doc.split())
 
 
 @pytest.mark.parametrize("name", [n for n, f in vars(hooks).items() if hasattr(f, "senddock_spec")])
