@@ -1,7 +1,8 @@
 """Hook specifications: the whole contract between senddock's engine and its plugins.
 
 A plugin is any module or object with functions marked ``@senddock.hookimpl`` whose names are the hooks
-below. Hooks are called with keyword arguments, so an implementation may accept only the arguments it
+below (a transport can subclass :class:`senddock.Transport`, which implements them over a few methods).
+Hooks are called with keyword arguments, so an implementation may accept only the arguments it
 needs, and later versions can add arguments without breaking it.
 
 The hooks are grouped by the phase that calls them: loading, sending, results, aftercare. Each says
