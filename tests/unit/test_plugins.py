@@ -45,16 +45,6 @@ def install_fake_distribution(site: Path, module: str, transport: str, dist: str
     (info / "entry_points.txt").write_text(f"[senddock]\n{transport} = {module}\n", encoding="utf-8")
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "site"
-    folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
-    yield folder
-    for name in [m for m in sys.modules if m.startswith("acme_")]:
-        del sys.modules[name]
-
-
 def test_builtins_are_registered_through_the_entry_point_group():
     """What the built-ins register; a third-party plugin installed beside them (a plugin author
     running this suite in their virtualenv) may add its own, as an entry point."""

@@ -9,8 +9,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-import pytest
-
 from senddock import Transport, hookimpl
 from senddock.core import results
 from senddock.outcome import Classification, Outcome, SendResult
@@ -156,14 +154,6 @@ def test_a_transport_without_a_name_is_an_error_naming_it():
 
     build = build_plugin_manager(extra=[("nameless", Nameless())])
     assert any("Nameless names no transport" in error for error in build.errors), build.errors
-
-
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "site"
-    folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
-    return folder
 
 
 KESTREL = '''
