@@ -44,6 +44,7 @@ from senddock.outcome import (
     Message,
     SendResult,
 )
+from senddock.plugins import call_each
 from senddock.webhooks import admin as webhook_admin
 from senddock.config.webhooks import subscriptions
 
@@ -300,7 +301,7 @@ class Senddock:
             result = results.send(pm, self.config, message, state)
             verdict = results.classify(pm, self.config, result, message)
         finally:
-            pm.hook.worker_stopped(worker_state=state, config=self.config)
+            call_each(pm.hook.worker_stopped, worker_state=state, config=self.config)
         return message, result, verdict
 
     def _sample_subscriber(self, conn, campaign_id: int, email: str | None) -> campaigns.SampleRecipient:

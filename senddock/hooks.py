@@ -1,8 +1,13 @@
 """Hook specifications: the whole contract between senddock's engine and its plugins.
 
 A plugin is any module or object with functions marked ``@senddock.hookimpl`` whose names are the hooks
-below. Hooks are called with keyword arguments, so an implementation may accept only the arguments it
+below (a transport can subclass :class:`senddock.Transport`, which implements them over a few methods).
+Hooks are called with keyword arguments, so an implementation may accept only the arguments it
 needs, and later versions can add arguments without breaking it.
+
+The hooks are grouped by the phase that calls them: loading, sending, results, aftercare. Each says
+how it is called: a ``firstresult`` hook stops at the first implementation that returns something
+other than None ("the first non-None result wins"); every implementation of the others is called.
 
 Exceptions must not escape a hook: the engine captures whatever ``send_message`` raises as a
 :class:`~senddock.outcome.SendResult`, and treats a raising classifier or backoff hook as a failure of
@@ -37,6 +42,24 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
+# --------------------------------------------------------------------------------------------------
+# Loading: once, while the plugin manager is built and the config read, before anything is sent.
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def transport_names() -> Iterable[str] | None:
+    """Name the transports this plugin provides.
+
+    Called when the plugin manager is built. ``transport:`` in the config must name one of the
+    transports some plugin provides; the plugin then answers ``send_message`` for that name.
+    Every implementation is called (not firstresult), each on its own: one that raises is reported
+    as a config error naming its plugin.
+
+    :return: transport names such as ``["smtp"]``, or None if the plugin provides none.
+    """
+
+
 @hookspec
 def config_schema() -> Mapping[str, Mapping[str, Any]] | None:
     """Contribute the JSON Schema of the plugin's own top-level config section(s).
@@ -44,7 +67,9 @@ def config_schema() -> Mapping[str, Mapping[str, Any]] | None:
     Called once while the configuration is loaded, before it is validated. The returned schemas are
     inserted under ``properties`` of the config schema (Draft 2020-12), so a plugin's settings are
     validated as strictly as senddock's: give ``"additionalProperties": false`` and ``"default"``
-    values; defaults are filled in before the plugin sees its section.
+    values; defaults are filled in before the plugin sees its section. Every implementation is
+    called (not firstresult), each on its own: one that raises is reported as a config error
+    naming its plugin; a section claimed by two plugins is an error too.
 
     :return: a mapping of section name (e.g. ``"smtp"``) to its JSON Schema, or None.
     """
@@ -57,6 +82,8 @@ def config_problems(config: Mapping[str, Any]) -> Iterable[tuple[str, str]] | No
 
     Called once the whole config is valid and its defaults filled in. ``senddock run``,
     ``check-config`` and every other command refuse the config while any plugin reports a problem.
+    Every implementation is called (not firstresult) and every problem reported; do not raise (an
+    exception ends the load).
 
     :param config: the entire config mapping, environment references resolved (never log it).
 
@@ -65,14 +92,28 @@ def config_problems(config: Mapping[str, Any]) -> Iterable[tuple[str, str]] | No
     """
 
 
+# --------------------------------------------------------------------------------------------------
+# Sending: in each of a node's sender threads (and once for ``send-test``), and its prober thread.
+# --------------------------------------------------------------------------------------------------
+
+
 @hookspec
-def transport_names() -> Iterable[str] | None:
-    """Name the transports this plugin provides.
+def worker_started(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
+    """Prepare a sender thread's state before its first send (open a connection to the relay ahead).
 
-    Called when the plugin manager is built. ``transport:`` in the config must name one of the
-    transports some plugin provides; the plugin then answers ``send_message`` for that name.
+    Called once by each sender thread of ``senddock run`` as it starts (``concurrency`` calls per
+    node, at once). The node waits for these calls before its first claim, at most 5 seconds
+    (then it claims anyway, and a call still running only delays its thread's first send): a paced
+    burst then goes out on open connections instead of opening them all at the moment it may
+    begin. Optional: a transport that does nothing here opens its connection at its first send, as
+    before. Not called by ``send-test``. Every implementation is called (not firstresult), each on
+    its own: one that raises is logged with its plugin's name, and the next is called all the same.
 
-    :return: transport names such as ``["smtp"]``, or None if the plugin provides none.
+    :param worker_state: the dict that thread will pass to every ``send_message`` call.
+    :param config: the validated configuration.
+    :return: nothing; return values are ignored. A failure here must not be reported as a send's:
+        keep nothing (the first send opens its own connection and reports what goes wrong). Do
+        not raise: a raising implementation is logged and the thread sends all the same.
     """
 
 
@@ -103,6 +144,47 @@ def send_message(
     """
 
 
+@hookspec
+def worker_stopped(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
+    """Release what a plugin kept in a sender thread's state (an open SMTP connection).
+
+    Called once by each sender thread of ``senddock run`` as it stops (``concurrency`` calls per
+    node), whether it stops cleanly or after an error, and by ``send-test`` after its one send.
+    Every implementation is called (not firstresult), each on its own: one that raises is logged
+    with its plugin's name, and the next still closes what it kept.
+
+    :param worker_state: the dict that thread passed to every ``send_message`` call.
+    :param config: the validated configuration.
+    :return: nothing; return values are ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
+    """Check, without sending any message, that the active transport's relay or API answers.
+
+    Called by the engine, with backoff (``breaker.probe_interval`` doubling up to
+    ``breaker.probe_max_interval``), while a campaign is paused for relay trouble: a run of
+    ``transport.max_consecutive_failures`` failures that were all ``relay_trouble`` (no connection,
+    timeouts, the relay's own X.3/X.4 replies). The campaign resumes by itself once a probe
+    succeeds. Called from the engine's prober thread, outside any send and any transaction.
+
+    :param transport: the active transport's name; answer only for one of your own.
+    :param config: the validated configuration.
+    :return: a :class:`~senddock.outcome.SendResult` with ``ok=True`` when the relay answered as it
+        would for a send (for SMTP: the greeting, EHLO, STARTTLS and AUTH as configured), or
+        ``ok=False`` with its code and text. Return None to let other plugins decide; the first
+        non-None result wins. When no plugin answers, the engine resumes the campaign after the
+        backoff as a trial (a half-open breaker): if the relay still fails, the breaker trips again.
+        Raising is allowed: the exception counts as a failed probe.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Results: what a send's result means for its job, and when a failed job is tried again.
+# --------------------------------------------------------------------------------------------------
+
+
 @hookspec(firstresult=True)
 def classify_result(result: SendResult, message: Message, config: PluginConfig) -> Classification | None:
     """Decide what a send's result means: sent, retry, bounce, fail or pause.
@@ -118,25 +200,6 @@ def classify_result(result: SendResult, message: Message, config: PluginConfig) 
     :return: a :class:`~senddock.outcome.Classification`. Return None to let other plugins decide;
         the first non-None result wins. The built-in default (tried last) treats success as sent,
         network errors as retry and anything else as a failure of the job.
-    """
-
-
-@hookspec
-def on_bounced(bounce: Bounce, suppressions: SuppressionList, config: PluginConfig) -> None:
-    """React to a dead address or a complaint.
-
-    Called for every plugin (not firstresult) after the job's bounce has been committed, outside any
-    transaction; also for bounces and complaints learnt later from provider notifications, and for
-    operator actions. If the process dies before every implementation has returned, the engine calls
-    the hook again at recovery, so implementations must be idempotent. The built-in default adds the
-    address to the suppression list, so later campaigns skip it.
-
-    :param bounce: the address, kind (bounce or complaint), source (transport reply, provider
-        notification, operator), codes and diagnostic text, and the job when there is one.
-    :param suppressions: the suppression list; ``suppressions.add(email, reason=...)`` is
-        idempotent.
-    :param config: the validated configuration.
-    :return: nothing; return values are ignored.
     """
 
 
@@ -169,6 +232,31 @@ def compute_backoff(
         non-None result wins. The built-in default follows ``retry.schedule``: with the defaults the
         first send plus five retries after 30s, 2m, 8m, 30m and 1h, each jittered by
         ``retry.jitter``.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Aftercare: what is learnt after a send: bounces and complaints, by notification or by mail.
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def on_bounced(bounce: Bounce, suppressions: SuppressionList, config: PluginConfig) -> None:
+    """React to a dead address or a complaint.
+
+    Called after the job's bounce has been committed, outside any transaction; also for bounces and
+    complaints learnt later from provider notifications, and for operator actions. Every
+    implementation is called (not firstresult), in one call: one that raises stops it, and the
+    engine calls the whole hook again later. If the process dies before every implementation has
+    returned, the engine calls the hook again at recovery, so implementations must be idempotent.
+    The built-in default adds the address to the suppression list, so later campaigns skip it.
+
+    :param bounce: the address, kind (bounce or complaint), source (transport reply, provider
+        notification, operator), codes and diagnostic text, and the job when there is one.
+    :param suppressions: the suppression list; ``suppressions.add(email, reason=...)`` is
+        idempotent.
+    :param config: the validated configuration.
+    :return: nothing; return values are ignored.
     """
 
 
@@ -211,57 +299,4 @@ def parse_bounce_message(message: EmailMessage, config: PluginConfig) -> BounceR
     :param config: the validated configuration.
     :return: a :class:`~senddock.outcome.BounceReport`, or None when the message is not in a
         format this plugin reads.
-    """
-
-
-@hookspec(firstresult=True)
-def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
-    """Check, without sending any message, that the active transport's relay or API answers.
-
-    Called by the engine, with backoff (``breaker.probe_interval`` doubling up to
-    ``breaker.probe_max_interval``), while a campaign is paused for relay trouble: a run of
-    ``transport.max_consecutive_failures`` failures that were all ``relay_trouble`` (no connection,
-    timeouts, the relay's own X.3/X.4 replies). The campaign resumes by itself once a probe
-    succeeds. Called from the engine's prober thread, outside any send and any transaction.
-
-    :param transport: the active transport's name; answer only for one of your own.
-    :param config: the validated configuration.
-    :return: a :class:`~senddock.outcome.SendResult` with ``ok=True`` when the relay answered as it
-        would for a send (for SMTP: the greeting, EHLO, STARTTLS and AUTH as configured), or
-        ``ok=False`` with its code and text. Return None to let other plugins decide; the first
-        non-None result wins. When no plugin answers, the engine resumes the campaign after the
-        backoff as a trial (a half-open breaker): if the relay still fails, the breaker trips again.
-        Raising is allowed: the exception counts as a failed probe.
-    """
-
-
-@hookspec
-def worker_started(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
-    """Prepare a sender thread's state before its first send (open a connection to the relay ahead).
-
-    Called once by each sender thread of ``senddock run`` as it starts (``concurrency`` calls per
-    node, at once). The node waits for these calls before its first claim, at most 5 seconds
-    (then it claims anyway, and a call still running only delays its thread's first send): a paced burst then goes out on open connections instead of opening
-    them all at the moment it may begin. Optional: a transport that does nothing here opens its
-    connection at its first send, as before. Not called by ``send-test``.
-
-    :param worker_state: the dict that thread will pass to every ``send_message`` call.
-    :param config: the validated configuration.
-    :return: nothing; return values are ignored. A failure here must not be reported as a send's:
-        keep nothing (the first send opens its own connection and reports what goes wrong).
-        Do not raise: a raising implementation is logged and the thread sends all the same, but
-        pluggy calls no implementation after it (another transport's warm-up would be skipped).
-    """
-
-
-@hookspec
-def worker_stopped(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
-    """Release what a plugin kept in a sender thread's state (an open SMTP connection).
-
-    Called once by each sender thread of ``senddock run`` as it stops (``concurrency`` calls per
-    node), whether it stops cleanly or after an error, and by ``send-test`` after its one send.
-
-    :param worker_state: the dict that thread passed to every ``send_message`` call.
-    :param config: the validated configuration.
-    :return: nothing; return values are ignored.
     """

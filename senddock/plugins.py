@@ -3,7 +3,8 @@
 Order of registration: hook specs, the built-in defaults (``trylast``, so any plugin overrides them),
 every plugin of the ``senddock`` entry-point group (the built-in transports are registered there too,
 exactly as a third-party plugin is), then the modules named in ``plugins.load``, minus the names in
-``plugins.disable``.
+``plugins.disable``. A module that holds a :class:`~senddock.transport.Transport` instance is
+registered as that instance.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ import importlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from types import ModuleType
 from typing import Any
 
 import pluggy
+import structlog
 
 from senddock import defaults, hooks
+from senddock.transport import Transport
+
+log = structlog.get_logger(__name__)
 
 ENTRY_POINT_GROUP = "senddock"
 DEFAULTS_NAME = "senddock.defaults"
@@ -100,12 +106,51 @@ def _entry_points() -> list[metadata.EntryPoint]:
 
 
 def _register(build: PluginManagerBuild, name: str, plugin: object, origin: str) -> None:
+    plugin = _transport_of(build, name, plugin)
+    if plugin is None:
+        return
     try:
         build.pm.register(plugin, name=name)
     except (ValueError, pluggy.PluginValidationError) as exc:
         build.errors.append(f"$.plugins: plugin {name!r} cannot be registered: {exc}")
         return
     build.origins[name] = origin
+
+
+def _transport_of(build: PluginManagerBuild, name: str, plugin: object) -> object | None:
+    """The plugin to register for what an entry point or ``plugins.load`` named: a module that holds
+    a Transport at top level is that Transport (its hooks are methods; the module's functions are
+    not hooks), so entry points keep naming modules as they always have."""
+    if not isinstance(plugin, ModuleType):
+        return plugin
+    transports = [value for value in vars(plugin).values() if isinstance(value, Transport)]
+    if not transports:
+        return plugin
+    stray = sorted(attr for attr in dir(plugin) if build.pm.parse_hookimpl_opts(plugin, attr) is not None)
+    if len(transports) > 1 or stray:
+        what = (f"{len(transports)} transports: give each a module of its own" if len(transports) > 1 else
+                f"module-level hooks ({', '.join(stray)}) beside its {type(transports[0]).__name__}: "
+                f"make them its methods (@hookimpl), or move them to a module of their own")
+        build.errors.append(f"$.plugins: plugin {name!r} ({plugin.__name__}) holds {what}")
+        return None
+    return transports[0]
+
+
+def call_each(hook: pluggy.HookCaller, **kwargs: Any) -> None:
+    """Call every implementation of a hook whose results are ignored, even after one raises.
+
+    pluggy stops at the first exception, so one plugin's bug would skip every implementation after
+    it: another transport's warm-up in ``worker_started``, the ``worker_stopped`` that closes its
+    connections. Each failure is logged with the plugin's name and the next one is called, in
+    pluggy's order (``tryfirst`` first, ``trylast`` last). Hook wrappers are not called.
+    """
+    for impl in reversed(hook.get_hookimpls()):  # pluggy calls the last registered first, as here
+        if impl.hookwrapper or impl.wrapper:
+            continue
+        try:
+            impl.function(*[kwargs[argname] for argname in impl.argnames])
+        except Exception as exc:  # noqa: BLE001 - one plugin's bug, logged; the others still run
+            log.error("plugin_failed", hook=hook.name, plugin=impl.plugin_name, error=repr(exc))
 
 
 def _collect_contributions(build: PluginManagerBuild) -> None:

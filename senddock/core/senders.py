@@ -29,6 +29,7 @@ from senddock.mail.compose import BadRecipient, Composer
 from senddock.observe.node_metrics import NodeMetrics
 from senddock.mail.templates import TemplateError
 from senddock.outcome import CampaignContent, Message, Recipient
+from senddock.plugins import call_each
 
 log = structlog.get_logger(__name__)
 
@@ -156,10 +157,7 @@ class Senders:
                         self._unsettled.setdefault(dispatch.job.campaign_id, set()).add(done.committed)
                 self._completer.put(done)
         finally:
-            try:
-                self.pm.hook.worker_stopped(worker_state=state, config=self.config)
-            except Exception as exc:
-                log.error("plugin_failed", hook="worker_stopped", error=repr(exc))
+            call_each(self.pm.hook.worker_stopped, worker_state=state, config=self.config)
 
     def _settled(self, campaign_id: int) -> None:
         """Anything but a delivery may trip a breaker or pause its campaign, and the jobs waiting
@@ -186,9 +184,8 @@ class Senders:
     def _prepare(self, state: dict[str, Any]) -> None:
         """The worker_started hook (a transport opens its connection ahead), then ready."""
         try:
-            self.pm.hook.worker_started(worker_state=state, config=self.config)
-        except Exception as exc:
-            log.error("plugin_failed", hook="worker_started", error=repr(exc))
+            # Each plugin's, even after one raised: one plugin's bug must not skip another's warm-up.
+            call_each(self.pm.hook.worker_started, worker_state=state, config=self.config)
         finally:
             with self._started:
                 self._starting.discard(threading.current_thread().name)

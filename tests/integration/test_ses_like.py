@@ -143,9 +143,9 @@ def test_each_error_row_through_the_real_client(error_peer, status, code, messag
     _SesErrorPeer.answer = (status, code, message)
     message_obj = _message()
     settings = {"region": "us-east-1", "endpoint_url": f"http://127.0.0.1:{error_peer.server_port}", "timeout": "5s"}
-    state: dict = {}
-    result = transport.send(message_obj, settings, state)
-    transport.close(state)
+    ses = transport.client(settings)
+    result = transport.send(message_obj, settings, ses)
+    ses.close()
     assert (result.ok, result.code) == (False, status)
     assert result.text == f"{code}: {message}"
     verdict = classify(result)
@@ -174,8 +174,7 @@ def test_a_peer_that_never_answers_is_in_doubt_after_the_timeout(aws_env):
     listener.listen(1)
     settings = {"region": "us-east-1", "endpoint_url": f"http://127.0.0.1:{listener.getsockname()[1]}",
                 "timeout": "1s"}
-    state: dict = {}
-    result = transport.send(_message(), settings, state)
+    result = transport.send(_message(), settings, transport.client(settings))
     listener.close()
     verdict = classify(result)
     assert (verdict.outcome.value, verdict.in_doubt) == ("retry", True)

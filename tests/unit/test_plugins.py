@@ -45,16 +45,6 @@ def install_fake_distribution(site: Path, module: str, transport: str, dist: str
     (info / "entry_points.txt").write_text(f"[senddock]\n{transport} = {module}\n", encoding="utf-8")
 
 
-@pytest.fixture
-def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "site"
-    folder.mkdir()
-    monkeypatch.syspath_prepend(str(folder))
-    yield folder
-    for name in [m for m in sys.modules if m.startswith("acme_")]:
-        del sys.modules[name]
-
-
 def test_builtins_are_registered_through_the_entry_point_group():
     """What the built-ins register; a third-party plugin installed beside them (a plugin author
     running this suite in their virtualenv) may add its own, as an entry point."""
@@ -166,8 +156,11 @@ def test_every_hook_spec_is_documented(name: str):
     for parameter in inspect.signature(spec).parameters:
         assert f":param {parameter}:" in doc, f"{name} does not document {parameter}"
     assert ":return:" in doc
+    # Each says whether it stops at the first result or calls every implementation.
     if spec.senddock_spec.get("firstresult"):
         assert "Return None to let other plugins decide; the first non-None result wins." in " ".join(doc.split())
+    else:
+        assert "Every implementation is called (not firstresult)" in " ".join(doc.split())
 
 
 @pytest.mark.parametrize("name", [n for n, f in vars(hooks).items() if hasattr(f, "senddock_spec")])
@@ -193,3 +186,47 @@ def test_plugin_packages_carry_their_own_pyproject():
         text = (repo / "plugins" / name / "pyproject.toml").read_text(encoding="utf-8")
         assert "[project.entry-points.senddock]" in text
         assert f'{name} = "senddock_{name}"' in textwrap.dedent(text)
+
+
+def test_the_transport_example_in_docs_plugins_is_the_example_package_s_own():
+    """The documented example is the one the example package's tests and senddock's suite run."""
+    repo = Path(__file__).resolve().parents[2]
+    source = (repo / "examples/senddock-maildir/src/senddock_maildir/transport.py").read_text(encoding="utf-8")
+    docs = (repo / "docs" / "plugins.md").read_text(encoding="utf-8")
+    section = docs.split("\n### A transport: `senddock.Transport`\n", 1)[1]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert example == source[source.index("import mailbox"):]
+
+
+def test_plugins_import_only_the_surface_docs_plugins_lists():
+    """The built-in transports and the example package are shaped like any third-party plugin:
+    what they import of senddock is what docs/plugins.md says a plugin may import."""
+    import ast
+    import importlib.util
+
+    def module_of(module: str, name: str) -> str:
+        """What ``from module import name`` imports: the submodule ``name``, or from ``module``."""
+        try:
+            return f"{module}.{name}" if importlib.util.find_spec(f"{module}.{name}") else module
+        except ModuleNotFoundError:  # ``module`` is no package
+            return module
+
+    repo = Path(__file__).resolve().parents[2]
+    docs = (repo / "docs" / "plugins.md").read_text(encoding="utf-8")
+    listed = docs.split("\n### What a plugin may import\n", 1)[1].split("\n## ", 1)[0]
+    surface = {line.split("`")[1] for line in listed.splitlines() if line.startswith("- `")}
+    imported: dict[str, set[str]] = {}
+    for path in [*(repo / "plugins").rglob("*.py"), *(repo / "examples").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules = {module_of(node.module, alias.name) for alias in node.names}
+            elif isinstance(node, ast.Import):
+                modules = {alias.name for alias in node.names}
+            else:
+                continue
+            for module in modules:
+                if module.split(".")[0] == "senddock":
+                    imported.setdefault(module, set()).add(str(path.relative_to(repo)))
+    assert {module: sorted(paths) for module, paths in imported.items() if module not in surface} == {}
+    # The check sees what they import: the base class, VERP for SMTP's return path, mime, testing.
+    assert {"senddock", "senddock.mail.verp", "senddock.mail.mime", "senddock.testing"} <= set(imported)

@@ -1,28 +1,22 @@
 """senddock's built-in SES-style HTTP API transport, packaged exactly as a third-party plugin would be.
 
 Registered through the ``senddock`` entry-point group; uses only the public modules of senddock
-(``hookimpl``, ``outcome``, ``mime``, ``durations``), never the engine. Select it with
+(``Transport``, ``hookimpl``, ``outcome``, ``mime``, ``durations``), never the engine. Select it with
 ``transport: ses_like``; point ``ses_like.endpoint_url`` at an SES-compatible service or a local peer.
+The plugin is :data:`plugin`, a :class:`senddock.Transport`.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
-from senddock import hookimpl
-from senddock.outcome import (
-    Classification,
-    Message,
-    PluginConfig,
-    ProviderEvent,
-    SendResult,
-)
+from senddock import Transport, hookimpl
+from senddock.outcome import Classification, Message, ProviderEvent, SendResult
 from senddock_ses_like import events as _events
 
-# The transport and its classifier import boto3 (~0.1 s): loaded by the hooks that send or read a
-# send's result, never by registering the plugin (every senddock command does that).
+# The transport and its classifier import boto3 (~0.1 s): loaded by the methods that open a client,
+# probe or read a send's result, never by registering the plugin (every senddock command does that).
 TRANSPORT = "ses_like"
 
 CONFIG_SCHEMA: Mapping[str, Any] = {
@@ -47,55 +41,38 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
 }
 
 
-@hookimpl
-def transport_names() -> list[str]:
-    return [TRANSPORT]
+class SesLikeTransport(Transport[Any]):  # the state: a botocore sesv2 client per sender thread
+    name = TRANSPORT
+    schema = CONFIG_SCHEMA
+
+    def open(self, settings: Mapping[str, Any]) -> Any:
+        from senddock_ses_like import transport as _transport
+
+        return _transport.client(settings)
+
+    def send(self, message: Message, settings: Mapping[str, Any], state: Any) -> SendResult:
+        from senddock_ses_like import transport as _transport
+
+        return _transport.send(message, settings, state)
+
+    def probe(self, settings: Mapping[str, Any]) -> SendResult:
+        from senddock_ses_like import transport as _transport
+
+        return _transport.probe(settings)
+
+    def classify(self, result: SendResult, message: Message) -> Classification | None:
+        from senddock_ses_like import classify as _classify
+
+        return _classify.classify(result)
+
+    def close(self, state: Any) -> None:
+        state.close()
+
+    @hookimpl
+    def parse_provider_event(self, document: Mapping[str, Any]) -> list[ProviderEvent] | None:
+        if not _events.is_ses_document(document):
+            return None
+        return _events.parse(document)
 
 
-@hookimpl
-def config_schema() -> Mapping[str, Mapping[str, Any]]:
-    return {"ses_like": CONFIG_SCHEMA}
-
-
-@hookimpl
-def send_message(
-    message: Message, transport: str, config: PluginConfig, worker_state: MutableMapping[str, Any]
-) -> SendResult | None:
-    if transport != TRANSPORT:
-        return None
-    from senddock_ses_like import transport as _transport
-
-    return _transport.send(message, config.section("ses_like"), worker_state)
-
-
-@hookimpl
-def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
-    if transport != TRANSPORT:
-        return None
-    from senddock_ses_like import transport as _transport
-
-    return _transport.probe(config.section("ses_like"))
-
-
-@hookimpl
-def classify_result(result: SendResult) -> Classification | None:
-    if result.transport != TRANSPORT:
-        return None
-    from senddock_ses_like import classify as _classify
-
-    return _classify.classify(result)
-
-
-@hookimpl
-def parse_provider_event(document: Mapping[str, Any]) -> list[ProviderEvent] | None:
-    if not _events.is_ses_document(document):
-        return None
-    return _events.parse(document)
-
-
-@hookimpl
-def worker_stopped(worker_state: MutableMapping[str, Any]) -> None:
-    # A client exists only if this sender thread sent through the transport, which loaded the module.
-    _transport = sys.modules.get("senddock_ses_like.transport")
-    if _transport is not None:
-        _transport.close(worker_state)
+plugin = SesLikeTransport()  # the module holds it: registering the module registers it

@@ -2,14 +2,14 @@
 
 The Raw content is the very MIME message the SMTP transport sends (``senddock.mail.mime``): same
 headers, same Message-ID, same DKIM signature, so switching transports changes nothing the
-recipient sees. One client per sender thread, kept in ``worker_state`` (botocore clients are cheap to
-reuse and hold a connection pool). The client's own retries are off: senddock's backoff is the
-one that counts, and a retry inside the client would hide an in-doubt send.
+recipient sees. One client per sender thread, the plugin's state for that thread (botocore clients
+are cheap to reuse and hold a connection pool). The client's own retries are off: senddock's backoff
+is the one that counts, and a retry inside the client would hide an in-doubt send.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
 import boto3
@@ -34,7 +34,6 @@ log = structlog.get_logger(__name__)
 SES_REWRITES = ("Message-ID", "Date", "Return-Path", "Bounces-To")
 # Errors that mean our request or account setup is wrong, not the recipient (see classify).
 _CONFIGURATION_ERRORS = {"LimitExceededException", "NotFoundException", "BadRequestException"}
-_STATE_KEY = "senddock_ses_like.client"
 
 
 def client(settings: Mapping[str, Any]):
@@ -63,10 +62,8 @@ def tags(message: Message) -> list[dict[str, str]]:
     ]
 
 
-def send(message: Message, settings: Mapping[str, Any], worker_state: MutableMapping[str, Any]) -> SendResult:
-    ses = worker_state.get(_STATE_KEY)
-    if ses is None:
-        ses = worker_state[_STATE_KEY] = client(settings)
+def send(message: Message, settings: Mapping[str, Any], ses: Any) -> SendResult:
+    """Send through ``ses``, this sender thread's :func:`client`."""
     request: dict[str, Any] = {
         "FromEmailAddress": mime.envelope_sender(message),
         "Destination": {"ToAddresses": [mime.ascii_address(message.recipient.email)]},
@@ -115,9 +112,3 @@ def probe(settings: Mapping[str, Any]) -> SendResult:
     finally:
         ses.close()
     return SendResult(TRANSPORT, ok=True, code=200, phase="api", text="the API answered")
-
-
-def close(worker_state: MutableMapping[str, Any]) -> None:
-    ses = worker_state.pop(_STATE_KEY, None)
-    if ses is not None:
-        ses.close()

@@ -1,21 +1,25 @@
 """senddock's built-in SMTP transport, packaged exactly as a third-party plugin would be.
 
 It is registered through the ``senddock`` entry-point group and uses only the public modules of
-senddock (``hookimpl``, ``outcome``, ``mime``, ``verp``, ``durations``), never the engine.
+senddock (``Transport``, ``hookimpl``, ``outcome``, ``mime``, ``verp``, ``durations``), never the
+engine. The plugin is :data:`plugin`, a :class:`senddock.Transport`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any
 
-from senddock import hookimpl
+from senddock import Transport, hookimpl
 from senddock.mail import verp
-from senddock.outcome import Classification, Message, PluginConfig, SendResult
+from senddock.outcome import Classification, Message, SendResult
 from senddock_smtp import classify as _classify
 from senddock_smtp import transport as _transport
 
 TRANSPORT = _transport.TRANSPORT
+# The session dict senddock_smtp.transport keeps a sender thread's connection in: it replaces the
+# connection as it must (after max_messages_per_connection, a 421, an idle minute).
+Session = dict[str, Any]
 
 CONFIG_SCHEMA: Mapping[str, Any] = {
     "type": "object",
@@ -65,58 +69,42 @@ CONFIG_SCHEMA: Mapping[str, Any] = {
 }
 
 
-@hookimpl
-def transport_names() -> list[str]:
-    return [TRANSPORT]
+class SmtpTransport(Transport[Session]):
+    name = TRANSPORT
+    schema = CONFIG_SCHEMA
+
+    def open(self, settings: Mapping[str, Any]) -> Session:
+        return {}  # the first send connects
+
+    def open_ahead(self, settings: Mapping[str, Any]) -> Session | None:
+        if not settings.get("connect_at_start"):
+            return None
+        session: Session = {}
+        _transport.connect_ahead(settings, session)
+        return session
+
+    def send(self, message: Message, settings: Mapping[str, Any], state: Session) -> SendResult:
+        return _transport.send(message, settings, state)
+
+    def probe(self, settings: Mapping[str, Any]) -> SendResult:
+        return _transport.probe(settings)
+
+    def classify(self, result: SendResult, message: Message) -> Classification | None:
+        return _classify.classify(result)
+
+    def close(self, state: Session) -> None:
+        _transport.close(state)
+
+    @hookimpl
+    def config_problems(self, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+        template = (config.get("smtp") or {}).get("return_path")
+        if not template or "{token}" not in template:
+            return []
+        if not (config.get("bounces") or {}).get("secret"):
+            return [("$.smtp.return_path", ("{token} needs bounces.secret (${SENDDOCK_BOUNCES_SECRET}): "
+                                            "the tokens are signed with it"))]
+        problem = verp.return_path_problem(template)
+        return [("$.smtp.return_path", problem)] if problem else []
 
 
-@hookimpl
-def config_schema() -> Mapping[str, Mapping[str, Any]]:
-    return {"smtp": CONFIG_SCHEMA}
-
-
-@hookimpl
-def config_problems(config: Mapping[str, Any]) -> list[tuple[str, str]]:
-    template = (config.get("smtp") or {}).get("return_path")
-    if not template or "{token}" not in template:
-        return []
-    if not (config.get("bounces") or {}).get("secret"):
-        return [("$.smtp.return_path", "{token} needs bounces.secret (${SENDDOCK_BOUNCES_SECRET}): "
-                                       "the tokens are signed with it")]
-    problem = verp.return_path_problem(template)
-    return [("$.smtp.return_path", problem)] if problem else []
-
-
-@hookimpl
-def send_message(
-    message: Message, transport: str, config: PluginConfig, worker_state: MutableMapping[str, Any]
-) -> SendResult | None:
-    if transport != TRANSPORT:
-        return None
-    return _transport.send(message, config.section("smtp"), worker_state)
-
-
-@hookimpl
-def probe_transport(transport: str, config: PluginConfig) -> SendResult | None:
-    if transport != TRANSPORT:
-        return None
-    return _transport.probe(config.section("smtp"))
-
-
-@hookimpl
-def classify_result(result: SendResult) -> Classification | None:
-    if result.transport != TRANSPORT:
-        return None
-    return _classify.classify(result)
-
-
-@hookimpl
-def worker_started(worker_state: MutableMapping[str, Any], config: PluginConfig) -> None:
-    settings = config.section("smtp")
-    if config.transport == TRANSPORT and settings.get("connect_at_start"):
-        _transport.connect_ahead(settings, worker_state)
-
-
-@hookimpl
-def worker_stopped(worker_state: MutableMapping[str, Any]) -> None:
-    _transport.close(worker_state)
+plugin = SmtpTransport()  # the module holds it: registering the module registers it
