@@ -9,11 +9,12 @@ import uuid
 import pytest
 
 from senddock.core import completer as completers
-from senddock.core.completer import Completer, Done
-from senddock.core.journal import Journal
-from senddock.core.waits import Waits
+from senddock.core.completer import Completer, Wiring
+from senddock.core.inbox import Done, Inbox
 from senddock.core.inflight import Deck, HeldClaims, Slots
+from senddock.core.journal import Journal
 from senddock.core.queue import ClaimedJob, JobResult, ResultRow
+from senddock.core.waits import Waits
 
 
 def job(job_id: int, send_rate: str | None = None) -> ClaimedJob:
@@ -76,14 +77,25 @@ def test_a_claimer_waiting_for_a_slot_wakes_when_the_deck_runs_low():
     assert woke and woke[0] < 2.0
 
 
-def completer_with(slots: Slots, waiting_for_senders: int | list[int] = 0) -> Completer:
-    """A completer whose grouping alone is used: nothing here reaches a database. A list for
-    ``waiting_for_senders`` is read afresh each time (a test changes it)."""
-    waiting = waiting_for_senders if isinstance(waiting_for_senders, list) else [waiting_for_senders]
-    return Completer(None, None, slots=slots, deck=Deck(0, slots), claims=HeldClaims(), aftercare=None,  # type: ignore[arg-type]
-                     lifeline=None, journal=Journal(0), waits=Waits(), async_results=False,  # type: ignore[arg-type]
-                     finish_campaigns=lambda queue, ids: None,
-                     queue_dry=lambda: False, waiting_for_senders=lambda: waiting[0])
+class WaitingSenders:
+    """The senders as a completer's grouping sees them: how many jobs wait for one (a test changes it)."""
+
+    def __init__(self, waiting: int) -> None:
+        self.count = waiting
+
+    def waiting(self) -> int:
+        return self.count
+
+    def submit_claimed(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
+        raise AssertionError("grouping begins no job")
+
+
+def completer_with(slots: Slots, senders: WaitingSenders | None = None) -> Completer:
+    """A completer whose grouping alone is used: nothing here reaches a database, the aftercare or the node."""
+    wiring = Wiring(inbox=Inbox(), slots=slots, deck=Deck(0, slots), claims=HeldClaims(), journal=Journal(0),
+                    waits=Waits(), lifeline=None, stopping=threading.Event(),  # type: ignore[arg-type]
+                    senders=senders or WaitingSenders(0), aftercare=None, node=None)  # type: ignore[arg-type]
+    return Completer(None, None, wiring)  # type: ignore[arg-type]
 
 
 SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True)
@@ -99,7 +111,7 @@ def put_later(completer: Completer, ids: range, after: float) -> threading.Threa
     def later() -> None:
         time.sleep(after)
         for i in ids:
-            completer.put(result(i))
+            completer._inbox.put(result(i))
 
     thread = threading.Thread(target=later)
     thread.start()
@@ -111,7 +123,7 @@ def test_with_many_sends_in_flight_a_group_waits_for_more_results(monkeypatch: p
     slots = Slots(200)
     slots.take(200)
     completer = completer_with(slots)
-    completer.put(result(1))
+    completer._inbox.put(result(1))
     thread = put_later(completer, range(2, 6), 0.05)
     group, closed = completer._collect()
     thread.join()
@@ -125,7 +137,7 @@ def test_a_group_with_anything_but_deliveries_is_committed_at_once(monkeypatch: 
     slots = Slots(200)
     slots.take(200)
     completer = completer_with(slots)
-    completer.put(first)
+    completer._inbox.put(first)
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
@@ -137,7 +149,7 @@ def test_a_stopping_completer_commits_at_once(monkeypatch: pytest.MonkeyPatch):
     slots = Slots(200)
     slots.take(200)
     completer = completer_with(slots)
-    completer.put(result(1))
+    completer._inbox.put(result(1))
     completer.close()
     thread = put_later(completer, range(2, 6), 0.2)
     group, closed = completer._collect()
@@ -153,8 +165,8 @@ def test_with_few_sends_in_flight_a_group_waits_only_while_every_sender_has_its_
     monkeypatch.setattr(completers, "LINGER", 1.0)
     slots = Slots(10)
     slots.take(10)  # concurrency 5 with its runway: too few in flight for the in-flight wait
-    completer = completer_with(slots, waiting_for_senders=waiting)
-    completer.put(result(1))
+    completer = completer_with(slots, WaitingSenders(waiting))
+    completer._inbox.put(result(1))
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
@@ -170,19 +182,19 @@ def test_a_group_waiting_for_the_runway_is_committed_once_the_wait_should_end(
     monkeypatch.setattr(completers, "LINGER", 5.0)
     slots = Slots(10)
     slots.take(10)
-    waiting = [3]
-    completer = completer_with(slots, waiting_for_senders=waiting)
-    completer.put(result(1))
+    runway = WaitingSenders(3)
+    completer = completer_with(slots, runway)
+    completer._inbox.put(result(1))
 
     def senders() -> None:
         time.sleep(0.05)
-        completer.put(result(2))
+        completer._inbox.put(result(2))
         time.sleep(0.2)
         if ending == "the runway empties":
-            waiting[0] = 0
-            completer.runway_empty()
+            runway.count = 0
+            completer._inbox.runway_empty()
         elif ending == "a failure arrives":
-            completer.put(result(3, RETRY))
+            completer._inbox.put(result(3, RETRY))
         else:
             completer.close()
 
@@ -202,8 +214,8 @@ def test_a_large_node_does_not_wait_for_its_runway(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(completers, "LINGER", 1.0)
     slots = Slots(100)
     slots.take(50)  # fewer than LINGER_IN_FLIGHT begun and not collected
-    completer = completer_with(slots, waiting_for_senders=10)
-    completer.put(result(1))
+    completer = completer_with(slots, WaitingSenders(10))
+    completer._inbox.put(result(1))
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
