@@ -387,7 +387,9 @@ class Completer(threading.Thread):
         self._put_back(self._failed_refill, queue)
         self._failed, self._failed_refill = [], []
         if group:
-            self._done(group, _as_committed(results, recorded), False, queue, 0)
+            # Its aftermath stays until done, as a commit's does (the connection may be lost in it too).
+            self._unacted = (group, _as_committed(results, recorded), False, 0)
+            self._finish_unacted(queue)
 
     def _unsettled(self, epoch) -> bool:
         return epoch is not None and epoch != self._epoch and time.monotonic() >= self._settle_again_at

@@ -320,6 +320,59 @@ def test_a_connection_lost_in_the_aftermath_of_a_commit_still_finishes_it(app_fo
         assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)  # its hooks ran
 
 
+def test_a_connection_lost_in_the_aftermath_of_a_settled_commit_still_finishes_it(app_for, smtp_sink, monkeypatch):
+    """A group's commit loses its reply, and on the next connection, where the completer finds the
+    group committed, the aftermath (the bounce breaker's check) loses that connection too: the
+    group's aftermath is finished on the connection after, once, as after a commit whose reply
+    came (before, the settled group was dropped with its slots and claims taken: the node never
+    went idle, and the bounce was never checked)."""
+    import threading
+
+    import psycopg
+
+    from senddock.core.queue import Queue
+
+    smtp_sink.handler.rules = [FailRule.parse("bounce*@*=550 5.1.1 no such user")]
+    app = app_for(fast_settings(smtp_sink.port, concurrency=1))
+    emails = ["ok1@example.com", "bounce1@example.com", "ok2@example.com"]
+    campaign_id = make_broadcast(app, emails)
+    commit_group, bounce_check, commits, checks = Queue.commit_group, Queue.bounce_check, [], []
+
+    def commit_then_lose_the_reply(self, rows, *args, **kwargs):
+        committed = commit_group(self, rows, *args, **kwargs)
+        if any(row.result.bounce for row in rows):
+            commits.append(rows)
+            if len(commits) == 1:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return committed
+
+    def lose_the_connection_once(self, *args, **kwargs):
+        checks.append(args)
+        if len(checks) == 1:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return bounce_check(self, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "commit_group", commit_then_lose_the_reply)
+    monkeypatch.setattr(Queue, "bounce_check", lose_the_connection_once)
+    runner = Runner(app.config, exit_when_idle=True)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    thread.join(30)
+    if thread.is_alive():
+        runner.request_stop()
+        thread.join(30)
+        pytest.fail("the node never went idle: the settled group's slots or claims were never given back")
+    assert len(commits) == 1  # the settle found the group committed: not committed again
+    assert len(checks) == 2  # the lost one, then the retry
+    jobs = jobs_by_email(app, campaign_id)
+    assert jobs["bounce1@example.com"] == ("failed", "bounced", 1)
+    assert all(jobs[email][0] == "sent" for email in emails if email.startswith("ok"))
+    assert app.campaign_status(campaign_id).status == "finished"
+    assert suppressed(app) == {"bounce1@example.com": "bounced"}
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)  # its hooks ran
+
+
 def test_a_node_told_to_exit_when_idle_exits_once_the_work_is_done_not_at_its_next_poll(app_for, smtp_sink):
     """With `--exit-when-idle` the node looks as soon as its last results are committed and handled,
     not at its next poll (up to `poll_interval` later: a script waited that long for nothing)."""

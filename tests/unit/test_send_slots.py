@@ -1,4 +1,5 @@
-"""The node's send slots, its deck (jobs claimed ahead) and how its completer groups results, without a database."""
+"""The node's send slots, its deck (jobs claimed ahead), how its completer groups results and what it tells its
+parts after a commit, without a database."""
 
 from __future__ import annotations
 
@@ -6,14 +7,16 @@ import threading
 import time
 import uuid
 
+import psycopg
 import pytest
 
 from senddock.core import completer as completers
+from senddock.core.aftercare import Committed
 from senddock.core.completer import Completer, Wiring
 from senddock.core.inbox import Done, Inbox
 from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.journal import Journal
-from senddock.core.queue import ClaimedJob, JobResult, ResultRow
+from senddock.core.queue import ClaimedJob, JobResult, Recorded, ResultRow
 from senddock.core.waits import Waits
 
 
@@ -220,3 +223,113 @@ def test_a_large_node_does_not_wait_for_its_runway(monkeypatch: pytest.MonkeyPat
     group, _ = completer._collect()
     thread.join()
     assert [d.job.id for d in group] == [1]
+
+
+# -- what the completer tells its parts after a group commit, and in which order ----------------
+# The breakers' guarantee rests on the order: the aftercare reacts (a breaker pauses the campaign)
+# while the group's slots are still taken and its senders still wait, so no claim and no sender
+# goes on with the campaign before the pause; the rest of the aftercare comes after.
+
+
+class RecordingAftercare:
+    """What the completer told the aftercare, with what the rest of the node looked like then."""
+
+    def __init__(self, slots: Slots, claims: HeldClaims, lose_connection_in_react: int = 0) -> None:
+        self._slots, self._claims = slots, claims
+        self._lose = lose_connection_in_react
+        self.told: list[tuple[str, object, int, int]] = []  # (step, results, slots in use, claims held)
+
+    def _note(self, step: str, results: object) -> None:
+        self.told.append((step, results, self._slots.in_use, len(self._claims)))
+
+    def halt(self, campaign_ids) -> None:
+        self._note("halt", set(campaign_ids))
+
+    def react(self, queue, results: list[Committed]) -> None:
+        self._note("react", list(results))
+        if self._lose:
+            self._lose -= 1
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    def put(self, results: list[Committed]) -> None:
+        self._note("put", list(results))
+
+
+class Lifeline:
+    epoch = None  # the server epoch it saw: none, nothing to settle
+
+    def may_send(self) -> bool:
+        return True
+
+
+class Node:
+    def __init__(self) -> None:
+        self.told: list[set[int]] = []
+
+    def results_in(self, queue, broadcasts: set[int]) -> bool:
+        self.told.append(set(broadcasts))
+        return True
+
+
+def committed_group(slots: Slots, claims: HeldClaims) -> tuple[list[Done], list[Committed]]:
+    """Two failed sends whose commit came back, their slots taken, their claims held."""
+    group = []
+    for job_id in (1, 2):
+        failed = job(job_id)
+        claims.hold(failed.claim_token)
+        claims.expect(failed.claim_token, 1)
+        group.append(Done(failed, ResultRow(failed, 1, None, RETRY), committed=threading.Event()))
+    slots.take(len(group))
+    return group, [Committed(d.row, None, Recorded(recorded=True, late_sent=False)) for d in group]  # type: ignore[arg-type]
+
+
+def completer_for(aftercare: RecordingAftercare, slots: Slots, claims: HeldClaims, node: Node) -> Completer:
+    wiring = Wiring(inbox=Inbox(), slots=slots, deck=Deck(0, slots), claims=claims, journal=Journal(0),
+                    waits=Waits(), lifeline=Lifeline(), stopping=threading.Event(),  # type: ignore[arg-type]
+                    senders=WaitingSenders(0), aftercare=aftercare, node=node)
+    return Completer(None, None, wiring)  # type: ignore[arg-type]
+
+
+def test_the_aftercare_reacts_before_the_slots_and_claims_go_back_and_is_told_the_rest_after():
+    slots, claims = Slots(4), HeldClaims()
+    aftercare, node = RecordingAftercare(slots, claims), Node()
+    completer = completer_for(aftercare, slots, claims, node)
+    group, results = committed_group(slots, claims)
+    completer._unacted = (group, results, False, 0)
+    completer._finish_unacted(None)  # type: ignore[arg-type]  # the parts told here use no connection
+    assert aftercare.told == [("react", results, 2, 2), ("put", results, 0, 0)]
+    assert all(done.committed.is_set() for done in group)  # the senders waiting for it go on
+    assert completer.flushes == 1 and completer._unacted is None
+
+
+def test_an_aftermath_cut_short_by_a_lost_connection_is_finished_once_with_the_same_results():
+    """The same Committed objects are passed again, so what react did already (a breaker checked,
+    a limit slowed: their flags) is not done twice; the slots go back once."""
+    slots, claims = Slots(4), HeldClaims()
+    aftercare, node = RecordingAftercare(slots, claims, lose_connection_in_react=1), Node()
+    completer = completer_for(aftercare, slots, claims, node)
+    group, results = committed_group(slots, claims)
+    completer._unacted = (group, results, False, 0)
+    with pytest.raises(psycopg.OperationalError):
+        completer._finish_unacted(None)  # type: ignore[arg-type]
+    # Kept for the next connection; its senders are not parked until then.
+    assert completer._unacted is not None and slots.in_use == 2 and len(claims) == 2
+    assert all(done.committed.is_set() for done in group)
+    completer._finish_unacted(None)  # type: ignore[arg-type]
+    assert [(step, told) for step, told, _, _ in aftercare.told] == [("react", results), ("react", results),
+                                                                     ("put", results)]
+    assert all(a is b for a, b in zip(aftercare.told[1][1], results))
+    assert slots.in_use == 0 and len(claims) == 0 and completer.flushes == 1
+
+
+def test_the_node_is_told_which_broadcasts_got_results_once_they_are_committed():
+    slots, claims = Slots(4), HeldClaims()
+    aftercare, node = RecordingAftercare(slots, claims), Node()
+    completer = completer_for(aftercare, slots, claims, node)
+    group, results = committed_group(slots, claims)
+    completer._unacted = (group, results, False, 0)
+    completer._finish_unacted(None)  # type: ignore[arg-type]
+    completer.close()
+    assert completer._loop(None) is True  # type: ignore[arg-type]  # closed and drained: nothing to commit
+    assert node.told == [{1}]
+    assert completer._touched == set()
