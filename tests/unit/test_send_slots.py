@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import psycopg
 import pytest
@@ -271,8 +272,23 @@ class Node:
         return True
 
 
-def committed_group(slots: Slots, claims: HeldClaims) -> tuple[list[Done], list[Committed]]:
-    """Two failed sends whose commit came back, their slots taken, their claims held."""
+@dataclass
+class AfterCommit:
+    """A completer whose last group (two failed sends, their slots taken, their claims held) has
+    committed and waits for its aftermath."""
+
+    completer: Completer
+    aftercare: RecordingAftercare
+    node: Node
+    slots: Slots
+    claims: HeldClaims
+    group: list[Done]
+    results: list[Committed]
+
+
+def after_a_commit(lose_connection_in_react: int = 0) -> AfterCommit:
+    slots, claims = Slots(4), HeldClaims()
+    aftercare, node = RecordingAftercare(slots, claims, lose_connection_in_react), Node()
     group = []
     for job_id in (1, 2):
         failed = job(job_id)
@@ -280,56 +296,43 @@ def committed_group(slots: Slots, claims: HeldClaims) -> tuple[list[Done], list[
         claims.expect(failed.claim_token, 1)
         group.append(Done(failed, ResultRow(failed, 1, None, RETRY), committed=threading.Event()))
     slots.take(len(group))
-    return group, [Committed(d.row, None, Recorded(recorded=True, late_sent=False)) for d in group]  # type: ignore[arg-type]
-
-
-def completer_for(aftercare: RecordingAftercare, slots: Slots, claims: HeldClaims, node: Node) -> Completer:
+    results = [Committed(d.row, None, Recorded(recorded=True, late_sent=False)) for d in group]  # type: ignore[arg-type]
     wiring = Wiring(inbox=Inbox(), slots=slots, deck=Deck(0, slots), claims=claims, journal=Journal(0),
                     waits=Waits(), lifeline=Lifeline(), stopping=threading.Event(),  # type: ignore[arg-type]
                     senders=WaitingSenders(0), aftercare=aftercare, node=node)
-    return Completer(None, None, wiring)  # type: ignore[arg-type]
+    completer = Completer(None, None, wiring)  # type: ignore[arg-type]
+    completer._unacted = (group, results, False, 0)
+    return AfterCommit(completer, aftercare, node, slots, claims, group, results)
 
 
 def test_the_aftercare_reacts_before_the_slots_and_claims_go_back_and_is_told_the_rest_after():
-    slots, claims = Slots(4), HeldClaims()
-    aftercare, node = RecordingAftercare(slots, claims), Node()
-    completer = completer_for(aftercare, slots, claims, node)
-    group, results = committed_group(slots, claims)
-    completer._unacted = (group, results, False, 0)
-    completer._finish_unacted(None)  # type: ignore[arg-type]  # the parts told here use no connection
-    assert aftercare.told == [("react", results, 2, 2), ("put", results, 0, 0)]
-    assert all(done.committed.is_set() for done in group)  # the senders waiting for it go on
-    assert completer.flushes == 1 and completer._unacted is None
+    scene = after_a_commit()
+    scene.completer._finish_unacted(None)  # type: ignore[arg-type]  # the parts told here use no connection
+    assert scene.aftercare.told == [("react", scene.results, 2, 2), ("put", scene.results, 0, 0)]
+    assert all(done.committed.is_set() for done in scene.group)  # the senders waiting for it go on
+    assert scene.completer.flushes == 1 and scene.completer._unacted is None
 
 
 def test_an_aftermath_cut_short_by_a_lost_connection_is_finished_once_with_the_same_results():
     """The same Committed objects are passed again, so what react did already (a breaker checked,
     a limit slowed: their flags) is not done twice; the slots go back once."""
-    slots, claims = Slots(4), HeldClaims()
-    aftercare, node = RecordingAftercare(slots, claims, lose_connection_in_react=1), Node()
-    completer = completer_for(aftercare, slots, claims, node)
-    group, results = committed_group(slots, claims)
-    completer._unacted = (group, results, False, 0)
+    scene = after_a_commit(lose_connection_in_react=1)
     with pytest.raises(psycopg.OperationalError):
-        completer._finish_unacted(None)  # type: ignore[arg-type]
+        scene.completer._finish_unacted(None)  # type: ignore[arg-type]
     # Kept for the next connection; its senders are not parked until then.
-    assert completer._unacted is not None and slots.in_use == 2 and len(claims) == 2
-    assert all(done.committed.is_set() for done in group)
-    completer._finish_unacted(None)  # type: ignore[arg-type]
-    assert [(step, told) for step, told, _, _ in aftercare.told] == [("react", results), ("react", results),
-                                                                     ("put", results)]
-    assert all(a is b for a, b in zip(aftercare.told[1][1], results))
-    assert slots.in_use == 0 and len(claims) == 0 and completer.flushes == 1
+    assert scene.completer._unacted is not None and scene.slots.in_use == 2 and len(scene.claims) == 2
+    assert all(done.committed.is_set() for done in scene.group)
+    scene.completer._finish_unacted(None)  # type: ignore[arg-type]
+    told = [(step, results) for step, results, _, _ in scene.aftercare.told]
+    assert told == [("react", scene.results), ("react", scene.results), ("put", scene.results)]
+    assert all(a is b for a, b in zip(told[1][1], scene.results))
+    assert scene.slots.in_use == 0 and len(scene.claims) == 0 and scene.completer.flushes == 1
 
 
 def test_the_node_is_told_which_broadcasts_got_results_once_they_are_committed():
-    slots, claims = Slots(4), HeldClaims()
-    aftercare, node = RecordingAftercare(slots, claims), Node()
-    completer = completer_for(aftercare, slots, claims, node)
-    group, results = committed_group(slots, claims)
-    completer._unacted = (group, results, False, 0)
-    completer._finish_unacted(None)  # type: ignore[arg-type]
-    completer.close()
-    assert completer._loop(None) is True  # type: ignore[arg-type]  # closed and drained: nothing to commit
-    assert node.told == [{1}]
-    assert completer._touched == set()
+    scene = after_a_commit()
+    scene.completer._finish_unacted(None)  # type: ignore[arg-type]
+    scene.completer.close()
+    assert scene.completer._loop(None) is True  # type: ignore[arg-type]  # closed and drained: nothing to commit
+    assert scene.node.told == [{1}]
+    assert scene.completer._touched == set()
