@@ -1,6 +1,10 @@
-"""After a result is committed: its log line, the breakers, a pause, the bounce hooks.
+"""After a result is committed: the breakers, a pause, adaptive pacing, its log line, the bounce hooks.
 
-One thread per node, fed by the completer once a group of results has committed, so a slow
+Told by the completer what each group commit recorded, in two steps. ``react`` first, in the
+completer's thread and on its connection, before the group's slots go back and its senders go on:
+the breakers, this node's halts for pause outcomes and the slowing of throttled limits, so that no
+claim after the result that trips a breaker takes another of its campaign's jobs. Then ``put``:
+the log lines and counts, and the bounce hooks in this thread (one per node), so a slow
 ``on_bounced`` plugin never holds a commit back. It borrows a pooled connection only when a result
 needs the database (a bounce). Results that need neither the database nor a plugin are handled in
 the completer's thread as it hands them over (see ``put``).
@@ -11,7 +15,7 @@ from __future__ import annotations
 import queue as queues
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -21,10 +25,12 @@ from senddock.config import Config
 from senddock.core.breaker import FailureRuns
 from senddock.store.db import Database
 from senddock.core.inflight import Halts
+from senddock.core.pacing_gate import PacingGate
 from senddock.store.jobs import ClaimedJob, JobQueue, Recorded, ResultRow
 from senddock.store.suppressions import Suppressions
 from senddock.observe.node_metrics import NodeMetrics
 from senddock.outcome import Bounce, BounceKind, BounceSource, Classification, JobRef
+from senddock.pacing.adaptive import slows_pacing
 
 log = structlog.get_logger(__name__)
 
@@ -52,12 +58,15 @@ class Committed:
     recorded: Recorded
     hold_hooks: bool = False  # a bounce whose hooks wait for a person (the bounce-rate breaker tripped)
     hooks_ran: bool = False  # its on_bounced hooks ran (set here; read if it must be committed again)
+    # What react did already, when a lost connection makes the completer call it again:
+    reacted: bool = False  # its breakers checked
+    slowed: bool = False  # its throttling slowed its pacing limit
 
 
 class Aftercare(threading.Thread):
     def __init__(self, config: Config, db: Database, queue_for_conn: Callable[..., JobQueue], stats: RunStats,
                  metrics: NodeMetrics | None = None, halts: Halts | None = None,
-                 on_idle: Callable[[], None] = lambda: None) -> None:
+                 pacing: PacingGate | None = None, on_idle: Callable[[], None] = lambda: None) -> None:
         super().__init__(name="senddock-aftercare", daemon=True)
         self.config = config
         self.pm = config.plugin_manager
@@ -68,6 +77,7 @@ class Aftercare(threading.Thread):
         self.suppressions = Suppressions(db)
         self.failure_runs = FailureRuns(config.max_consecutive_failures)
         self.halts = halts or Halts()  # campaigns its breakers paused: their jobs marked ahead stay unsent
+        self._pacing = pacing  # slows the limits of sends the provider throttled (None: no pacing here)
         self._inbox: queues.SimpleQueue[list[Committed] | None] = queues.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -75,7 +85,40 @@ class Aftercare(threading.Thread):
         self._pending = 0
         self._lock = threading.Lock()
 
-    # -- fed by the completer -----------------------------------------------------------------
+    # -- told by the completer -----------------------------------------------------------------
+
+    def halt(self, campaign_ids: Iterable[int]) -> None:
+        """A group commit found these campaigns paused or cancelled elsewhere (a person, another
+        node): this node's next jobs of them, marked begun already (inflight.RUNWAY), go back
+        unsent from now on."""
+        for campaign_id in campaign_ids:
+            self.halts.add(campaign_id)
+
+    def react(self, queue: JobQueue, results: list[Committed]) -> None:
+        """What a group's results lead to before their slots go back and their senders go on, on
+        the completer's connection: the bounce-rate breaker, the failure breaker, the slowing of
+        the limits a provider throttled, and this node's halt of a campaign a pause outcome paused
+        (the jobs marked ahead of it stay unsent). Called again with the same results when the
+        completer's connection was lost meanwhile: what is done already is not done again."""
+        for item in results:
+            if item.reacted:
+                continue
+            job, outcome = item.row.job, item.row.result
+            if outcome.bounce and self.check_bounce(queue, job):
+                item.hold_hooks = True
+            if item.recorded.recorded and outcome.outcome != "pause":
+                self.track_failures(queue, job.campaign_id, item.verdict)
+            item.reacted = True
+        throttled = [i for i in results if i.verdict is not None and slows_pacing(i.verdict) and not i.slowed]
+        if throttled:
+            if self._pacing is not None:
+                self._pacing.throttled(queue, [item.row.job for item in throttled])
+            for item in throttled:
+                item.slowed = True
+        for item in results:
+            if item.row.result.outcome == "pause":
+                # Paused by this commit (or before it): the next jobs marked for senders stay unsent.
+                self.halts.add(item.row.job.campaign_id)
 
     def put(self, items: list[Committed]) -> None:
         """A group commit's results. Those that need neither the database nor a plugin (all but
@@ -192,7 +235,7 @@ class Aftercare(threading.Thread):
     def track_failures(self, queue: JobQueue, campaign_id: int, verdict: Classification) -> None:
         """Pause a campaign after too many failures in a row that no recipient caused.
 
-        Called by the completer on its own connection before it gives the results' slots back, so
+        Called by ``react``, on the completer's connection before the results' slots go back, so
         no claim after the run's last failure takes another of the campaign's jobs. A bad address
         (about the recipient, refused before the transport) neither adds to a run of relay
         failures nor ends one: only deliveries end runs."""
@@ -207,8 +250,9 @@ class Aftercare(threading.Thread):
         self.failure_runs.forget(campaign_id)
 
     def check_bounce(self, queue: JobQueue, job: ClaimedJob) -> bool:
-        """After a bounce is recorded: the bounce-rate breaker, on the completer's connection before
-        the slots go back (so no claim after the bounce that trips it takes more of the campaign).
+        """After a bounce is recorded: the bounce-rate breaker, by ``react`` on the completer's
+        connection before the slots go back (so no claim after the bounce that trips it takes more
+        of the campaign).
         Returns whether the bounce's hooks must wait for a person."""
         tripped, holding = queue.bounce_check(job.campaign_id, job.broadcast_id, self.config.breaker)
         if tripped:

@@ -11,6 +11,12 @@ go to the senders in the freed slots: a slot is refilled without a claim on its 
 group of clean sends: a failure may trip a breaker, which must pause its campaign before anything
 else of it begins (the claimer begins the deck's jobs then).
 
+The completer records; what a result leads to belongs to others, told what each commit recorded
+(as River's completer reports done jobs on a channel its producer subscribes to), each part named
+in ``Wiring``: the aftercare (the breakers, pause outcomes and adaptive pacing, on the completer's
+connection before the group's slots go back; log lines and bounce hooks after), the senders (the
+deck's jobs a commit marked begun), the node (broadcasts with results: campaigns to finish).
+
 With ``database.result_commit: async`` a commit does not wait for the disk: its results stay
 *unsure* (a Postgres crash may lose them) until a later synchronous commit of this node (a claim,
 a begin mark) has flushed the WAL past them, and their claims stay held meanwhile. When the server
@@ -23,23 +29,23 @@ from __future__ import annotations
 import queue as queues
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import psycopg
 import structlog
 
-from senddock.core.aftercare import Aftercare, Committed
+from senddock.core.aftercare import Committed
 from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
+from senddock.core.inbox import Done, Inbox
 from senddock.core.inflight import Deck, HeldClaims, Slots
 from senddock.core.journal import Journal
 from senddock.core.nodes import Lifeline
 from senddock.store.jobs import ClaimedJob, JobQueue, Recorded, ResultRow
 from senddock.core.waits import Waits
 from senddock.errors import error_line
-from senddock.outcome import Classification
-from senddock.pacing.adaptive import slows_pacing
 
 log = structlog.get_logger(__name__)
 
@@ -63,100 +69,96 @@ BEGIN_WAIT = 1.0
 SETTLE_RETRY = 0.5
 
 
-@dataclass
-class Done:
-    """What a sender hands over: a result to record, or a job to put back unstarted."""
+class Runway(Protocol):
+    """The senders, as the completer sees them (senders.Senders)."""
 
-    job: ClaimedJob
-    row: ResultRow | None = None  # None: the send never began, the job goes back as it was
-    verdict: Classification | None = None
-    # Set once the result is committed and acted on (a breaker tripped, a pause registered): until
-    # then no sender begins another job of the campaign (see Senders._settled).
-    committed: threading.Event | None = None
-    # The completer's aftermath of the committed result, done once even if retried (see _settle):
-    acted: bool = False  # its breakers checked
-    hold_hooks: bool = False  # a bounce whose hooks wait for a person (the bounce breaker held them)
-    slowed: bool = False  # its throttling slowed its pacing group
+    def submit_claimed(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
+        """Jobs of the deck a commit marked begun, each with when its claim's reply arrived."""
+
+    def waiting(self) -> int:
+        """Jobs marked begun that no sender has taken yet."""
+
+
+class Aftermath(Protocol):
+    """Who acts on what a commit recorded (aftercare.Aftercare): told on the completer's thread, in
+    this order, each step once it may no longer be put off."""
+
+    def halt(self, campaign_ids: Iterable[int]) -> None:
+        """Campaigns the commit found paused or cancelled elsewhere; before the deck's jobs it
+        marked go to the senders."""
+
+    def react(self, queue: JobQueue, results: list[Committed]) -> None:
+        """The breakers, pause outcomes and pacing, on ``queue`` (the completer's connection),
+        before the results' slots go back and their senders go on. Called again with the same
+        results if the connection was lost meanwhile: each must be acted on once."""
+
+    def put(self, results: list[Committed]) -> None:
+        """The results once their slots and claims are back: log lines, counts, bounce hooks."""
+
+
+class Node(Protocol):
+    """The node the completer runs in (runner.Runner)."""
+
+    def results_in(self, queue: JobQueue, broadcasts: set[int]) -> bool:
+        """Results of ``broadcasts`` committed since this last returned True: finish the campaigns
+        they may have finished (on ``queue``, the completer's connection) if no more of them is
+        due, and say whether it did (False: told again, with the broadcasts of later results)."""
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What a completer works with, each part named by what it is to the completer."""
+
+    inbox: Inbox  # what the senders hand over
+    slots: Slots  # a result's slot goes back once it has committed
+    deck: Deck  # jobs claimed ahead: the commit that frees slots marks some begun for them
+    claims: HeldClaims  # a claim is let go once its jobs' results are durable
+    journal: Journal  # what this node began and recorded lately (see _server_lost_wal)
+    waits: Waits  # commits in progress, for the watchdog
+    lifeline: Lifeline  # the server epoch it last saw; whether this node may send (no refill if not)
+    stopping: threading.Event  # the node is stopping: no refill
+    senders: Runway  # where the deck's jobs marked begun go
+    aftercare: Aftermath  # what each commit recorded, to act on
+    node: Node  # told which broadcasts got results, to finish campaigns and see the node idle
 
 
 class Completer(threading.Thread):
-    def __init__(
-        self,
-        db: Database,
-        queue_for_conn: Callable[[psycopg.Connection], JobQueue],
-        *,
-        slots: Slots,
-        deck: Deck,
-        claims: HeldClaims,
-        aftercare: Aftercare,
-        lifeline: Lifeline,
-        journal: Journal,
-        waits: Waits,
-        async_results: bool,
-        finish_campaigns: Callable[[JobQueue, set[int]], None],
-        queue_dry: Callable[[], bool],
-        throttled: Callable[[JobQueue, list[ClaimedJob]], None] = lambda queue, jobs: None,
-        dispatch: Callable[[list[tuple[ClaimedJob, float]]], None] = lambda jobs: None,
-        may_refill: Callable[[], bool] = lambda: False,
-        waiting_for_senders: Callable[[], int] = lambda: 0,
-        may_be_idle: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, db: Database, queue_for_conn: Callable[[psycopg.Connection], JobQueue], wiring: Wiring, *,
+                 async_results: bool = False) -> None:
         super().__init__(name="senddock-completer", daemon=True)
         self._db = db
         self._queue_for_conn = queue_for_conn
-        self._slots = slots
-        self._deck = deck
-        self._dispatch = dispatch  # jobs of the deck marked begun: to the senders, in the freed slots
-        self._may_refill = may_refill  # not stopping, not self-fenced
-        self._waiting_for_senders = waiting_for_senders  # jobs marked begun that no sender has taken yet
-        self._waits_on_runway = slots.size < LINGER_IN_FLIGHT  # which wait a group makes (see LINGER)
-        self._may_be_idle = may_be_idle  # told when the queue ran dry and every result is committed
-        self._claims = claims
-        self._aftercare = aftercare
-        self._lifeline = lifeline
-        self._journal = journal  # what this node began and recorded lately (see _server_lost_wal)
-        self._waits = waits  # commits in progress, for the watchdog
+        self._parts = wiring
+        self._inbox = wiring.inbox
+        self._slots = wiring.slots
+        self._claims = wiring.claims
+        self._journal = wiring.journal
+        self._waits = wiring.waits
+        self._aftercare = wiring.aftercare
+        self._waits_on_runway = wiring.slots.size < LINGER_IN_FLIGHT  # which wait a group makes (see LINGER)
         self._async = async_results
-        self._finish_campaigns = finish_campaigns
-        self._queue_dry = queue_dry
-        self._throttled = throttled  # slows the limits of sends the provider throttled
-        self._inbox: queues.SimpleQueue[Done] = queues.SimpleQueue()
-        # While a group waits for the runway to empty (see LINGER), results join it without waking
-        # this thread for each: it is woken once the wait should end.
-        self._waiting_on_runway = False
-        self._wake = threading.Event()
         self._retry = threading.Event()  # ends a wait to reconnect early (see database_back)
-        self._closing = threading.Event()  # no more input will come: record what is left and stop
         self._lock = threading.Lock()
         # Commits so far; results committed asynchronously, with the commit that carried them.
         self._flushes = 0
         # (commit number, the server epoch it was committed in, the result)
         self._unsure: list[tuple[int, object, Committed]] = []
         self._failed: list[Done] = []  # a group whose commit's reply never came
-        # A committed group whose aftermath (breakers, then slots, claims, aftercare) a lost
-        # connection cut short: (group, recorded, unsure, kept), finished by _settle.
-        self._unacted: tuple[list[Done], dict[int, Recorded], bool, int] | None = None
+        # A committed group whose aftermath (reactions, then slots, claims, aftercare) a lost
+        # connection cut short: (group, its results as committed, unsure, kept), finished by _settle.
+        self._unacted: tuple[list[Done], list[Committed], bool, int] | None = None
         self._failed_refill: list[ClaimedJob] = []  # the deck's jobs that commit was to mark begun
-        self._touched: set[int] = set()  # broadcasts with results since campaigns were last finished
+        self._touched: set[int] = set()  # broadcasts with results the node was not told of yet
         self._epoch = None  # the server epoch this node has settled in
         self._settle_again_at = 0.0  # monotonic: a settle the server did not take is tried again then
-        self.pending = 0  # results handed over and not committed yet (read by the idle check)
         self.group_size = 0.0  # results per commit, smoothed (read by the claimer: is a deck worth it)
 
-    # -- fed by the senders; told by the claimer -----------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Results handed over and not committed yet (read by the idle check)."""
+        return self._inbox.pending
 
-    def put(self, done: Done) -> None:
-        with self._lock:
-            self.pending += 1
-        self._inbox.put(done)
-        if self._waiting_on_runway and (done.row is None or done.row.result.outcome != "sent"):
-            self._wake.set()  # anything but a delivery is committed at once
-
-    def runway_empty(self) -> None:
-        """A sender took the last job waiting for the senders: a group waiting for more results
-        (see LINGER) is committed now, so the next sender to finish finds its next job."""
-        if self._waiting_on_runway:
-            self._wake.set()
+    # -- told by the claimer and the node -----------------------------------------------------
 
     @property
     def flushes(self) -> int:
@@ -182,9 +184,7 @@ class Completer(threading.Thread):
 
     def close(self) -> None:
         """No more results will come (the senders have stopped)."""
-        self._closing.set()
-        self._inbox.put(Done(job=None))  # type: ignore[arg-type]  # wakes the thread
-        self._wake.set()
+        self._inbox.close()
 
     # -- the thread ----------------------------------------------------------------------------
 
@@ -211,7 +211,7 @@ class Completer(threading.Thread):
             except Exception:
                 # Never a dead completer: a read-only server after a failover, bad bytes in a reply...
                 log.exception("completer_error", retry_in=backoff)
-            if self._closing.is_set() and backoff >= 5.0:
+            if self._inbox.closing.is_set() and backoff >= 5.0:
                 # Shutting down and the database is gone: recovery takes what is left (in doubt).
                 log.error("completer_gave_up", results=self.pending)
                 self._let_go()
@@ -224,16 +224,12 @@ class Completer(threading.Thread):
         """Commit groups until closed and drained; True once done."""
         while True:
             group, closed = self._collect()
-            if self._unsettled(self._lifeline.epoch):
-                self._server_lost_wal(queue, self._lifeline.epoch)
+            if self._unsettled(self._parts.lifeline.epoch):
+                self._server_lost_wal(queue, self._parts.lifeline.epoch)
             if group:
                 self._commit(queue, group)
-            if self._touched and self._queue_dry():
-                # The queue is running dry: these results may have finished a campaign.
-                touched, self._touched = self._touched, set()
-                self._finish_campaigns(queue, touched)
-                if not self.pending:
-                    self._may_be_idle()
+            if self._touched and self._parts.node.results_in(queue, self._touched):
+                self._touched = set()
             if closed and not group:
                 return True
 
@@ -244,7 +240,7 @@ class Completer(threading.Thread):
         try:
             first = self._inbox.get(timeout=0.1)
         except queues.Empty:
-            return group, self._closing.is_set() and self._inbox.empty()
+            return group, self._inbox.drained()
         item: Done | None = first
         until = time.monotonic() + LINGER
         delivered = True  # every result in the group so far is a delivery
@@ -256,7 +252,7 @@ class Completer(threading.Thread):
             if len(group) >= MAX_GROUP:
                 break
             try:
-                item = self._inbox.get_nowait()
+                item = self._inbox.get()
                 continue
             except queues.Empty:
                 pass
@@ -264,41 +260,23 @@ class Completer(threading.Thread):
             if left <= 0 or not self._worth_waiting(len(group), delivered):
                 break
             if self._waits_on_runway:
-                if not self._wait_for_runway(left):
+                if not self._inbox.wait_for_runway(left, self._parts.senders.waiting):
                     break  # a sender took the last waiting job meanwhile
                 continue  # woken: take what arrived meanwhile and look again
             try:
                 item = self._inbox.get(timeout=left)
             except queues.Empty:
                 break
-        return group, self._closing.is_set() and self._inbox.empty()
-
-    def _wait_for_runway(self, left: float) -> bool:
-        """While jobs wait for the senders, wait up to ``left`` seconds for a sender to take the last
-        of them (or for a result that is not a delivery, or the close): the results joining
-        meanwhile do not wake this thread one by one. False when no job waits any more. The flag
-        is raised before the state is read: a sender that empties the runway after this reads the
-        flag and wakes the thread, one before is seen here; a wake left over from an earlier wait
-        only makes the caller look again."""
-        self._waiting_on_runway = True
-        try:
-            if self._waiting_for_senders() == 0:
-                return False
-            if self._inbox.empty():
-                self._wake.wait(left)
-            return True
-        finally:
-            self._wake.clear()
-            self._waiting_on_runway = False
+        return group, self._inbox.drained()
 
     def _worth_waiting(self, collected: int, delivered: bool) -> bool:
         """Whether to wait for more results before committing (see LINGER): never when stopping,
         nor for a group with anything but deliveries in it (a failure may trip a breaker, a pause
         outcome pauses its campaign: both must commit before more of the campaign begins)."""
-        if not delivered or self._closing.is_set():
+        if not delivered or self._inbox.closing.is_set():
             return False
         if self._waits_on_runway:
-            return self._waiting_for_senders() > 0
+            return self._parts.senders.waiting() > 0
         return self._slots.in_use - collected >= LINGER_IN_FLIGHT
 
     def _commit(self, queue: JobQueue, group: list[Done]) -> None:
@@ -314,20 +292,19 @@ class Completer(threading.Thread):
             commit = queue.commit_group([d.row for d in results], begin=self._failed_refill)
         self._journal.recorded([d.row for d in results])
         self._failed, self._failed_refill = [], []
-        for campaign_id in commit.stopped:
-            # Paused or cancelled elsewhere (a person, another node): this node's next jobs of it,
-            # marked begun already (inflight.RUNWAY), go back unsent from now on.
-            self._aftercare.halts.add(campaign_id)
+        # Paused or cancelled elsewhere (a person, another node): this node's next jobs of them,
+        # marked begun already (inflight.RUNWAY), go back unsent from now on.
+        self._aftercare.halt(commit.stopped)
         self.group_size += 0.2 * (len(results) - self.group_size)
         started = [(job, at) for job, at in refill if job.id in commit.begun]
         if started:
             self._journal.began(job for job, _ in started)
-            self._dispatch(started)  # first: nothing below may strand a job marked begun
+            self._parts.senders.submit_claimed(started)  # first: nothing below may strand a job marked begun
         # Until they are put back, a lost connection must not lose them (see _settle).
         self._failed_refill = [job for job, _ in refill if job.id not in commit.begun]
         # A commit that marked jobs begun was synchronous: its results are durable. Until acted on,
         # a lost connection must not lose the group's slots, claims and aftercare (see _settle).
-        self._unacted = (group, commit.recorded, self._async and not refill, len(started))
+        self._unacted = (group, _as_committed(results, commit.recorded), self._async and not refill, len(started))
         self._finish_unacted(queue)
         self._put_back(self._failed_refill, queue)
         self._failed_refill = []
@@ -335,10 +312,11 @@ class Completer(threading.Thread):
     def _refill(self, results: list[Done]) -> list[tuple[ClaimedJob, float]]:
         """The deck's jobs to begin in the slots this group frees: after clean sends only (a
         failure may trip a breaker, which must pause first), never one with a campaign rate (the
-        claimer takes it through the gate)."""
-        if not results or any(d.row.result.outcome != "sent" for d in results) or not self._may_refill():
+        claimer takes it through the gate), none once the node stops or may not send."""
+        if not results or any(d.row.result.outcome != "sent" for d in results) \
+                or self._parts.stopping.is_set() or not self._parts.lifeline.may_send():
             return []
-        return self._deck.take(len(results), ready=lambda job: job.send_rate is None)
+        return self._parts.deck.take(len(results), ready=lambda job: job.send_rate is None)
 
     def _put_back(self, jobs: list[ClaimedJob], queue: JobQueue) -> None:
         """The deck's jobs a commit did not mark begun (their campaign stopped sending, or their
@@ -352,62 +330,41 @@ class Completer(threading.Thread):
     def _finish_unacted(self, queue: JobQueue) -> None:
         """The aftermath of the committed group in ``_unacted``; it stays there until this returns."""
         if self._unacted is not None:
-            group, recorded, unsure, kept = self._unacted
-            self._done(group, recorded, unsure, queue, kept)
+            group, results, unsure, kept = self._unacted
+            self._done(group, results, unsure, queue, kept)
             self._unacted = None
 
-    def _done(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: JobQueue,
-              kept: int = 0) -> None:
+    def _done(self, group: list[Done], results: list[Committed], unsure: bool, queue: JobQueue, kept: int) -> None:
         """A group committed: see _act_on. Its senders waiting for the commit go on whatever
         happens (a connection lost mid-way must not park them until the node stops)."""
         try:
-            self._act_on(group, recorded, unsure, queue, kept)
+            self._act_on(group, results, unsure, queue, kept)
         finally:
             for done in group:
                 if done.committed is not None:
                     done.committed.set()
 
-    def _act_on(self, group: list[Done], recorded: dict[int, Recorded], unsure: bool, queue: JobQueue,
-                kept: int = 0) -> None:
-        """The failure breaker, then slots back (but the ``kept`` ones the deck's jobs take over),
-        claims settled (or held while unsure), aftercare fed."""
-        for done in group:
-            if done.row is None or done.acted:
-                continue  # acted: by an earlier try whose connection was lost after it (see _settle)
-            if done.row.result.bounce and self._aftercare.check_bounce(queue, done.job):
-                done.hold_hooks = True
-            if recorded[done.job.id].recorded and done.row.result.outcome != "pause":
-                self._aftercare.track_failures(queue, done.job.campaign_id, done.verdict)
-            done.acted = True
-        throttled = [d for d in group if d.verdict is not None and slows_pacing(d.verdict) and not d.slowed]
-        if throttled:
-            self._throttled(queue, [d.job for d in throttled])
-            for done in throttled:
-                done.slowed = True
-        for done in group:
-            if done.row is not None and done.row.result.outcome == "pause":
-                # Paused by this commit (or before it): the next jobs marked for senders stay unsent.
-                self._aftercare.halts.add(done.job.campaign_id)
+    def _act_on(self, group: list[Done], results: list[Committed], unsure: bool, queue: JobQueue, kept: int) -> None:
+        """The aftercare's reactions (breakers, pauses, pacing), then slots back (but the ``kept``
+        ones the deck's jobs take over), claims settled (or held while unsure), aftercare fed."""
+        self._aftercare.react(queue, results)
         with self._lock:
             self._flushes += 1
             seq = self._flushes
-            self.pending -= len(group)
+        self._inbox.committed(len(group))
         if len(group) > kept:
             self._slots.give(len(group) - kept)
-        handed: list[Committed] = []
         for done in group:
             if done.row is None:
                 self._claims.settle(done.job.claim_token)
-                continue
-            self._touched.add(done.job.broadcast_id)
-            item = Committed(done.row, done.verdict, recorded[done.job.id], hold_hooks=done.hold_hooks)
+        for item in results:
+            self._touched.add(item.row.job.broadcast_id)
             if unsure and item.recorded.recorded:
                 with self._lock:
                     self._unsure.append((seq, self._epoch, item))
             else:
-                self._claims.settle(done.job.claim_token)
-            handed.append(item)
-        self._aftercare.put(handed)
+                self._claims.settle(item.row.job.claim_token)
+        self._aftercare.put(results)
 
     # -- when a commit's fate is unknown ---------------------------------------------------------
 
@@ -430,7 +387,9 @@ class Completer(threading.Thread):
         self._put_back(self._failed_refill, queue)
         self._failed, self._failed_refill = [], []
         if group:
-            self._done(group, recorded, False, queue)
+            # Its aftermath stays until done, as a commit's does (the connection may be lost in it too).
+            self._unacted = (group, _as_committed(results, recorded), False, 0)
+            self._finish_unacted(queue)
 
     def _unsettled(self, epoch) -> bool:
         return epoch is not None and epoch != self._epoch and time.monotonic() >= self._settle_again_at
@@ -504,6 +463,11 @@ class Completer(threading.Thread):
             unsure, self._unsure = self._unsure, []
         for _, _, item in unsure:
             self._claims.settle(item.row.job.claim_token)
+
+
+def _as_committed(results: list[Done], recorded: dict[int, Recorded]) -> list[Committed]:
+    """A group's results as its commit recorded them, for the aftercare."""
+    return [Committed(d.row, d.verdict, recorded[d.job.id]) for d in results]  # type: ignore[arg-type]
 
 
 def _distinct(rows: list[ResultRow]) -> list[ResultRow]:

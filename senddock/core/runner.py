@@ -27,11 +27,12 @@ from senddock.config.digest import short_digest
 from senddock.core.aftercare import Aftercare, RunStats
 from senddock.core.breaker import Prober
 from senddock.core.claimer import Claimer
-from senddock.core.completer import Completer
+from senddock.core.completer import Completer, Wiring
 from senddock.core.config_watch import ConfigWatch
 from senddock.core.content import ContentCache
 from senddock.store.db import Database
 from senddock.core.epoch import ensure_epoch
+from senddock.core.inbox import Inbox
 from senddock.core.inflight import DECK_FLOOR, RUNWAY, Deck, Halts, HeldClaims, Slots
 from senddock.core.journal import Journal
 from senddock.store.migrations import applied_versions, latest_version
@@ -112,8 +113,9 @@ class Runner:
                                  gauge=self.metrics.database_wait)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
         self.halts = Halts()  # campaigns stopped since their next jobs were marked (see inflight.RUNWAY)
+        self.gate = PacingGate(config.pacing, config.transport)
         self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, self.halts,
-                                   on_idle=self._may_be_idle)
+                                   pacing=self.gate, on_idle=self._may_be_idle)
         self.held_claims = HeldClaims()
         # What this node began and recorded lately, re-applied if the database loses it (failover).
         self.journal = Journal(config.recovery.failover_window)
@@ -154,6 +156,16 @@ class Runner:
         for broadcast_id in targets:
             for campaign_id, finished_broadcast in queue.finish_campaigns(broadcast_id):
                 log.info("campaign_finished", campaign_id=campaign_id, broadcast_id=finished_broadcast)
+
+    def results_in(self, queue: JobQueue, broadcasts: set[int]) -> bool:
+        """The completer committed results of ``broadcasts`` (see completer.Node): once the queue
+        runs dry they may have finished their campaigns, and the node may be idle."""
+        if self.claimer is None or not self.claimer.dry:
+            return False  # more is due: a campaign with jobs left is not finished
+        self.finish_campaigns(queue, broadcasts)
+        if self.completer is not None and not self.completer.pending:
+            self._may_be_idle()
+        return True
 
     # -- the node --------------------------------------------------------------------------------
 
@@ -303,28 +315,25 @@ class Runner:
 
     def _start_pipeline(self) -> None:
         contents = ContentCache(self._pooled_queue)
-        gate = PacingGate(self.config.pacing, self.config.transport)
         # Without pacing limits every sender has its next job marked begun while it sends (see
         # inflight.RUNWAY): it never waits for a commit between two sends. Under limits a job begins
         # when its limits let it, so it goes to a sender at once: no more marks than senders.
-        self.slots = Slots(self.concurrency if gate.configured else self.concurrency * RUNWAY)
+        self.slots = Slots(self.concurrency if self.gate.configured else self.concurrency * RUNWAY)
         # Jobs claimed ahead, to refill the slots a group commit frees; none under pacing limits
         # (each job's limits are taken when it may begin, by the claimer's gate).
-        self.deck = Deck(0 if gate.configured else min(max(self.slots.size, DECK_FLOOR), self.config.claim_batch),
+        self.deck = Deck(0 if self.gate.configured else min(max(self.slots.size, DECK_FLOOR), self.config.claim_batch),
                          self.slots)
-        self.completer = Completer(
-            self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims, aftercare=self.aftercare,
-            lifeline=self.lifeline, journal=self.journal, waits=self.waits, async_results=self.config.database.result_commit == "async",
-            finish_campaigns=self.finish_campaigns, queue_dry=lambda: self.claimer is not None and self.claimer.dry,
-            throttled=gate.throttled, dispatch=lambda jobs: self.senders.submit_claimed(jobs),
-            may_refill=lambda: not self.stopping.is_set() and self.lifeline.may_send(),
-            waiting_for_senders=lambda: self.senders.waiting(), may_be_idle=self._may_be_idle,
-        )
-        self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, self.completer,
+        inbox = Inbox()  # the senders' results, for the completer
+        self.senders = Senders(self.config, self.composer, contents, self.lifeline, self.stopping, inbox,
                                self.concurrency, self.metrics, self.halts)
+        self.completer = Completer(self.db, self.queue, Wiring(
+            inbox=inbox, slots=self.slots, deck=self.deck, claims=self.held_claims, journal=self.journal,
+            waits=self.waits, lifeline=self.lifeline, stopping=self.stopping, senders=self.senders,
+            aftercare=self.aftercare, node=self,
+        ), async_results=self.config.database.result_commit == "async")
         self.claimer = Claimer(
             self.config, self.db, self.queue, slots=self.slots, deck=self.deck, claims=self.held_claims,
-            contents=contents, gate=gate, senders=self.senders,
+            contents=contents, gate=self.gate, senders=self.senders,
             completer=self.completer, lifeline=self.lifeline, stopping=self.stopping,
             wait_for_work=self.wait_for_work, journal=self.journal, waits=self.waits, metrics=self.metrics,
         )

@@ -20,8 +20,8 @@ import structlog
 
 from senddock.config import Config
 from senddock.core import results
-from senddock.core.completer import Completer, Done
 from senddock.core.content import ContentCache
+from senddock.core.inbox import Done, Inbox
 from senddock.core.inflight import Halts
 from senddock.core.nodes import Lifeline
 from senddock.store.jobs import ClaimedJob, ResultRow
@@ -42,7 +42,7 @@ class Dispatch:
 
 class Senders:
     def __init__(self, config: Config, composer: Composer, contents: ContentCache, lifeline: Lifeline,
-                 stopping: threading.Event, completer: Completer, size: int, metrics: NodeMetrics | None = None,
+                 stopping: threading.Event, completer: Inbox, size: int, metrics: NodeMetrics | None = None,
                  halts: Halts | None = None) -> None:
         self.config = config
         self.pm = config.plugin_manager

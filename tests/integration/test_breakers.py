@@ -71,10 +71,10 @@ def test_a_breaker_trips_before_the_senders_next_jobs_of_its_campaign_begin(make
     app.close()
 
 
-def _through_a_lying_relay(make_config, sink, recipients: int, workers: int) -> tuple[Senddock, int, list[str]]:
+def _through_a_lying_relay(make_config, sink, recipients: int, concurrency: int) -> tuple[Senddock, int, list[str]]:
     """A broadcast drained through a misconfigured relay that says "user unknown" for everyone."""
     sink.handler.rules = [FailRule.parse("*=550 5.1.1 <x>: Recipient address rejected: User unknown")]
-    app = Senddock(make_config(fast_settings(sink.port, workers=workers)))
+    app = Senddock(make_config(fast_settings(sink.port, concurrency=concurrency)))
     emails = [f"user{i}@example.com" for i in range(recipients)]
     campaign_id = make_broadcast(app, emails)
     drain(app.config)

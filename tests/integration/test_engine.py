@@ -28,6 +28,44 @@ def app_for(make_config):
         app.close()
 
 
+def run_until_idle(config, failure: str) -> None:
+    """A node told to exit when idle, in a thread; the test fails with ``failure`` if it never does."""
+    import threading
+
+    runner = Runner(config, exit_when_idle=True)
+    thread = threading.Thread(target=runner.run)
+    thread.start()
+    thread.join(30)
+    if thread.is_alive():
+        runner.request_stop()
+        thread.join(30)
+        pytest.fail(failure)
+
+
+def losing_the_connection_once(original, calls: list):
+    """``original`` (a JobQueue method) as if the connection were lost in its first call; calls noted."""
+    import psycopg
+
+    def call(self, *args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return original(self, *args, **kwargs)
+
+    return call
+
+
+def assert_sent_but_one_bounce(app, campaign_id: int, emails: list[str]) -> None:
+    """Every ok* address sent, bounce1 failed as bounced, suppressed, its hooks run."""
+    jobs = jobs_by_email(app, campaign_id)
+    assert jobs["bounce1@example.com"] == ("failed", "bounced", 1)
+    assert all(jobs[email][0] == "sent" for email in emails if email.startswith("ok"))
+    assert app.campaign_status(campaign_id).status == "finished"
+    assert suppressed(app) == {"bounce1@example.com": "bounced"}
+    with app.db.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)  # its hooks ran
+
+
 def test_every_subscriber_receives_the_message_once(app_for, smtp_sink):
     app = app_for(fast_settings(smtp_sink.port))
     emails = [f"user{i}@example.com" for i in range(60)]
@@ -282,42 +320,49 @@ def test_a_connection_lost_in_the_aftermath_of_a_commit_still_finishes_it(app_fo
     that group's aftermath on its next connection, once (the bounce checked once more is all: its
     hooks run once), gives the group's slots and claims back, and the node goes idle and exits
     (before, the group's slots and claims stayed taken and the node never went idle)."""
-    import threading
-
-    import psycopg
-
     from senddock.store.jobs import JobQueue
-    from senddock.core.runner import Runner
 
     smtp_sink.handler.rules = [FailRule.parse("bounce*@*=550 5.1.1 no such user")]
     app = app_for(fast_settings(smtp_sink.port, concurrency=2))
     emails = ["ok1@example.com", "bounce1@example.com", "ok2@example.com", "ok3@example.com"]
     campaign_id = make_broadcast(app, emails)
-    original, checks = JobQueue.bounce_check, []
-
-    def lose_the_connection_once(self, *args, **kwargs):
-        checks.append(args)
-        if len(checks) == 1:
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(JobQueue, "bounce_check", lose_the_connection_once)
-    runner = Runner(app.config, exit_when_idle=True)
-    thread = threading.Thread(target=runner.run)
-    thread.start()
-    thread.join(30)
-    if thread.is_alive():
-        runner.request_stop()
-        thread.join(30)
-        pytest.fail("the node never went idle: the group's slots or claims were never given back")
+    checks = []
+    monkeypatch.setattr(JobQueue, "bounce_check", losing_the_connection_once(JobQueue.bounce_check, checks))
+    run_until_idle(app.config, "the node never went idle: the group's slots or claims were never given back")
     assert len(checks) == 2  # the lost one, then the retry
-    jobs = jobs_by_email(app, campaign_id)
-    assert jobs["bounce1@example.com"] == ("failed", "bounced", 1)
-    assert all(jobs[email][0] == "sent" for email in emails if email.startswith("ok"))
-    assert app.campaign_status(campaign_id).status == "finished"
-    assert suppressed(app) == {"bounce1@example.com": "bounced"}
-    with app.db.connection() as conn:
-        assert conn.execute("SELECT count(*) FROM pending_bounces").fetchone() == (0,)  # its hooks ran
+    assert_sent_but_one_bounce(app, campaign_id, emails)
+
+
+def test_a_connection_lost_in_the_aftermath_of_a_settled_commit_still_finishes_it(app_for, smtp_sink, monkeypatch):
+    """A group's commit loses its reply, and on the next connection, where the completer finds the
+    group committed, the aftermath (the bounce breaker's check) loses that connection too: the
+    group's aftermath is finished on the connection after, once, as after a commit whose reply
+    came (before, the settled group was dropped with its slots and claims taken: the node never
+    went idle, and the bounce was never checked)."""
+    import psycopg
+
+    from senddock.store.jobs import JobQueue
+
+    smtp_sink.handler.rules = [FailRule.parse("bounce*@*=550 5.1.1 no such user")]
+    app = app_for(fast_settings(smtp_sink.port, concurrency=1))
+    emails = ["ok1@example.com", "bounce1@example.com", "ok2@example.com"]
+    campaign_id = make_broadcast(app, emails)
+    commit_group, commits, checks = JobQueue.commit_group, [], []
+
+    def commit_then_lose_the_reply(self, rows, *args, **kwargs):
+        committed = commit_group(self, rows, *args, **kwargs)
+        if any(row.result.bounce for row in rows):
+            commits.append(rows)
+            if len(commits) == 1:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return committed
+
+    monkeypatch.setattr(JobQueue, "commit_group", commit_then_lose_the_reply)
+    monkeypatch.setattr(JobQueue, "bounce_check", losing_the_connection_once(JobQueue.bounce_check, checks))
+    run_until_idle(app.config, "the node never went idle: the settled group's slots or claims were never given back")
+    assert len(commits) == 1  # the settle found the group committed: not committed again
+    assert len(checks) == 2  # the lost one, then the retry
+    assert_sent_but_one_bounce(app, campaign_id, emails)
 
 
 def test_a_node_told_to_exit_when_idle_exits_once_the_work_is_done_not_at_its_next_poll(app_for, smtp_sink):

@@ -1,19 +1,24 @@
-"""The node's send slots, its deck (jobs claimed ahead) and how its completer groups results, without a database."""
+"""The node's send slots, its deck (jobs claimed ahead), how its completer groups results and what it tells its
+parts after a commit, without a database."""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
+import psycopg
 import pytest
 
 from senddock.core import completer as completers
-from senddock.core.completer import Completer, Done
-from senddock.core.journal import Journal
-from senddock.core.waits import Waits
+from senddock.core.aftercare import Committed
+from senddock.core.completer import Completer, Wiring
+from senddock.core.inbox import Done, Inbox
 from senddock.core.inflight import Deck, HeldClaims, Slots
-from senddock.store.jobs import ClaimedJob, JobResult, ResultRow
+from senddock.core.journal import Journal
+from senddock.store.jobs import ClaimedJob, JobResult, Recorded, ResultRow
+from senddock.core.waits import Waits
 
 
 def job(job_id: int, send_rate: str | None = None) -> ClaimedJob:
@@ -76,14 +81,25 @@ def test_a_claimer_waiting_for_a_slot_wakes_when_the_deck_runs_low():
     assert woke and woke[0] < 2.0
 
 
-def completer_with(slots: Slots, waiting_for_senders: int | list[int] = 0) -> Completer:
-    """A completer whose grouping alone is used: nothing here reaches a database. A list for
-    ``waiting_for_senders`` is read afresh each time (a test changes it)."""
-    waiting = waiting_for_senders if isinstance(waiting_for_senders, list) else [waiting_for_senders]
-    return Completer(None, None, slots=slots, deck=Deck(0, slots), claims=HeldClaims(), aftercare=None,  # type: ignore[arg-type]
-                     lifeline=None, journal=Journal(0), waits=Waits(), async_results=False,  # type: ignore[arg-type]
-                     finish_campaigns=lambda queue, ids: None,
-                     queue_dry=lambda: False, waiting_for_senders=lambda: waiting[0])
+class WaitingSenders:
+    """The senders as a completer's grouping sees them: how many jobs wait for one (a test changes it)."""
+
+    def __init__(self, waiting: int) -> None:
+        self.count = waiting
+
+    def waiting(self) -> int:
+        return self.count
+
+    def submit_claimed(self, jobs: list[tuple[ClaimedJob, float]]) -> None:
+        raise AssertionError("grouping begins no job")
+
+
+def completer_with(slots: Slots, senders: WaitingSenders | None = None) -> Completer:
+    """A completer whose grouping alone is used: nothing here reaches a database, the aftercare or the node."""
+    wiring = Wiring(inbox=Inbox(), slots=slots, deck=Deck(0, slots), claims=HeldClaims(), journal=Journal(0),
+                    waits=Waits(), lifeline=None, stopping=threading.Event(),  # type: ignore[arg-type]
+                    senders=senders or WaitingSenders(0), aftercare=None, node=None)  # type: ignore[arg-type]
+    return Completer(None, None, wiring)  # type: ignore[arg-type]
 
 
 SENT = JobResult(status="sent", outcome="sent", counts=True, ok=True)
@@ -99,7 +115,7 @@ def put_later(completer: Completer, ids: range, after: float) -> threading.Threa
     def later() -> None:
         time.sleep(after)
         for i in ids:
-            completer.put(result(i))
+            completer._inbox.put(result(i))
 
     thread = threading.Thread(target=later)
     thread.start()
@@ -111,7 +127,7 @@ def test_with_many_sends_in_flight_a_group_waits_for_more_results(monkeypatch: p
     slots = Slots(200)
     slots.take(200)
     completer = completer_with(slots)
-    completer.put(result(1))
+    completer._inbox.put(result(1))
     thread = put_later(completer, range(2, 6), 0.05)
     group, closed = completer._collect()
     thread.join()
@@ -125,7 +141,7 @@ def test_a_group_with_anything_but_deliveries_is_committed_at_once(monkeypatch: 
     slots = Slots(200)
     slots.take(200)
     completer = completer_with(slots)
-    completer.put(first)
+    completer._inbox.put(first)
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
@@ -137,7 +153,7 @@ def test_a_stopping_completer_commits_at_once(monkeypatch: pytest.MonkeyPatch):
     slots = Slots(200)
     slots.take(200)
     completer = completer_with(slots)
-    completer.put(result(1))
+    completer._inbox.put(result(1))
     completer.close()
     thread = put_later(completer, range(2, 6), 0.2)
     group, closed = completer._collect()
@@ -153,8 +169,8 @@ def test_with_few_sends_in_flight_a_group_waits_only_while_every_sender_has_its_
     monkeypatch.setattr(completers, "LINGER", 1.0)
     slots = Slots(10)
     slots.take(10)  # concurrency 5 with its runway: too few in flight for the in-flight wait
-    completer = completer_with(slots, waiting_for_senders=waiting)
-    completer.put(result(1))
+    completer = completer_with(slots, WaitingSenders(waiting))
+    completer._inbox.put(result(1))
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
@@ -170,19 +186,19 @@ def test_a_group_waiting_for_the_runway_is_committed_once_the_wait_should_end(
     monkeypatch.setattr(completers, "LINGER", 5.0)
     slots = Slots(10)
     slots.take(10)
-    waiting = [3]
-    completer = completer_with(slots, waiting_for_senders=waiting)
-    completer.put(result(1))
+    runway = WaitingSenders(3)
+    completer = completer_with(slots, runway)
+    completer._inbox.put(result(1))
 
     def senders() -> None:
         time.sleep(0.05)
-        completer.put(result(2))
+        completer._inbox.put(result(2))
         time.sleep(0.2)
         if ending == "the runway empties":
-            waiting[0] = 0
-            completer.runway_empty()
+            runway.count = 0
+            completer._inbox.runway_empty()
         elif ending == "a failure arrives":
-            completer.put(result(3, RETRY))
+            completer._inbox.put(result(3, RETRY))
         else:
             completer.close()
 
@@ -202,9 +218,121 @@ def test_a_large_node_does_not_wait_for_its_runway(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(completers, "LINGER", 1.0)
     slots = Slots(100)
     slots.take(50)  # fewer than LINGER_IN_FLIGHT begun and not collected
-    completer = completer_with(slots, waiting_for_senders=10)
-    completer.put(result(1))
+    completer = completer_with(slots, WaitingSenders(10))
+    completer._inbox.put(result(1))
     thread = put_later(completer, range(2, 6), 0.2)
     group, _ = completer._collect()
     thread.join()
     assert [d.job.id for d in group] == [1]
+
+
+# -- what the completer tells its parts after a group commit, and in which order ----------------
+# The breakers' guarantee rests on the order: the aftercare reacts (a breaker pauses the campaign)
+# while the group's slots are still taken and its senders still wait, so no claim and no sender
+# goes on with the campaign before the pause; the rest of the aftercare comes after.
+
+
+class RecordingAftercare:
+    """What the completer told the aftercare, with what the rest of the node looked like then."""
+
+    def __init__(self, slots: Slots, claims: HeldClaims, lose_connection_in_react: int = 0) -> None:
+        self._slots, self._claims = slots, claims
+        self._lose = lose_connection_in_react
+        self.told: list[tuple[str, object, int, int]] = []  # (step, results, slots in use, claims held)
+
+    def _note(self, step: str, results: object) -> None:
+        self.told.append((step, results, self._slots.in_use, len(self._claims)))
+
+    def halt(self, campaign_ids) -> None:
+        self._note("halt", set(campaign_ids))
+
+    def react(self, queue, results: list[Committed]) -> None:
+        self._note("react", list(results))
+        if self._lose:
+            self._lose -= 1
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    def put(self, results: list[Committed]) -> None:
+        self._note("put", list(results))
+
+
+class Lifeline:
+    epoch = None  # the server epoch it saw: none, nothing to settle
+
+    def may_send(self) -> bool:
+        return True
+
+
+class Node:
+    def __init__(self) -> None:
+        self.told: list[set[int]] = []
+
+    def results_in(self, queue, broadcasts: set[int]) -> bool:
+        self.told.append(set(broadcasts))
+        return True
+
+
+@dataclass
+class AfterCommit:
+    """A completer whose last group (two failed sends, their slots taken, their claims held) has
+    committed and waits for its aftermath."""
+
+    completer: Completer
+    aftercare: RecordingAftercare
+    node: Node
+    slots: Slots
+    claims: HeldClaims
+    group: list[Done]
+    results: list[Committed]
+
+
+def after_a_commit(lose_connection_in_react: int = 0) -> AfterCommit:
+    slots, claims = Slots(4), HeldClaims()
+    aftercare, node = RecordingAftercare(slots, claims, lose_connection_in_react), Node()
+    group = []
+    for job_id in (1, 2):
+        failed = job(job_id)
+        claims.hold(failed.claim_token)
+        claims.expect(failed.claim_token, 1)
+        group.append(Done(failed, ResultRow(failed, 1, None, RETRY), committed=threading.Event()))
+    slots.take(len(group))
+    results = [Committed(d.row, None, Recorded(recorded=True, late_sent=False)) for d in group]  # type: ignore[arg-type]
+    wiring = Wiring(inbox=Inbox(), slots=slots, deck=Deck(0, slots), claims=claims, journal=Journal(0),
+                    waits=Waits(), lifeline=Lifeline(), stopping=threading.Event(),  # type: ignore[arg-type]
+                    senders=WaitingSenders(0), aftercare=aftercare, node=node)
+    completer = Completer(None, None, wiring)  # type: ignore[arg-type]
+    completer._unacted = (group, results, False, 0)
+    return AfterCommit(completer, aftercare, node, slots, claims, group, results)
+
+
+def test_the_aftercare_reacts_before_the_slots_and_claims_go_back_and_is_told_the_rest_after():
+    scene = after_a_commit()
+    scene.completer._finish_unacted(None)  # type: ignore[arg-type]  # the parts told here use no connection
+    assert scene.aftercare.told == [("react", scene.results, 2, 2), ("put", scene.results, 0, 0)]
+    assert all(done.committed.is_set() for done in scene.group)  # the senders waiting for it go on
+    assert scene.completer.flushes == 1 and scene.completer._unacted is None
+
+
+def test_an_aftermath_cut_short_by_a_lost_connection_is_finished_once_with_the_same_results():
+    """The same Committed objects are passed again, so what react did already (a breaker checked,
+    a limit slowed: their flags) is not done twice; the slots go back once."""
+    scene = after_a_commit(lose_connection_in_react=1)
+    with pytest.raises(psycopg.OperationalError):
+        scene.completer._finish_unacted(None)  # type: ignore[arg-type]
+    # Kept for the next connection; its senders are not parked until then.
+    assert scene.completer._unacted is not None and scene.slots.in_use == 2 and len(scene.claims) == 2
+    assert all(done.committed.is_set() for done in scene.group)
+    scene.completer._finish_unacted(None)  # type: ignore[arg-type]
+    told = [(step, results) for step, results, _, _ in scene.aftercare.told]
+    assert told == [("react", scene.results), ("react", scene.results), ("put", scene.results)]
+    assert all(a is b for a, b in zip(told[1][1], scene.results))
+    assert scene.slots.in_use == 0 and len(scene.claims) == 0 and scene.completer.flushes == 1
+
+
+def test_the_node_is_told_which_broadcasts_got_results_once_they_are_committed():
+    scene = after_a_commit()
+    scene.completer._finish_unacted(None)  # type: ignore[arg-type]
+    scene.completer.close()
+    assert scene.completer._loop(None) is True  # type: ignore[arg-type]  # closed and drained: nothing to commit
+    assert scene.node.told == [{1}]
+    assert scene.completer._touched == set()
