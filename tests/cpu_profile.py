@@ -1,11 +1,12 @@
-"""Where the suite's CPU goes, per test file: ``PYTHONPATH=tests pytest -n 0 -p cpu_profile``.
+"""Where the suite's CPU goes, per test file: ``PYTHONPATH=tests pytest -p cpu_profile``.
 
 The suite is CPU-bound on a 2-core machine: its wall time is its CPU seconds over the cores, so
-the files that cost the most CPU are the ones to make cheaper. Per test it counts the whole
-machine's busy CPU (/proc/stat: the test process, the nodes and sinks it starts, Postgres), so run
-it alone on the machine and with ``-n 0`` (one test at a time); it also counts the test process's
-own CPU and that of the children it waited for. At the end it prints the costliest files and,
-with ``SENDDOCK_CPU_PROFILE=FILE``, writes every test's figures as JSON lines.
+the files that cost the most CPU are the ones to make cheaper. Per test it counts the test
+process's own CPU and that of the children it waited for (nodes, sinks, `senddock` commands), and
+the whole machine's busy CPU (/proc/stat, Postgres included), which means something only with
+``-n 0`` on an otherwise idle machine. With ``SENDDOCK_CPU_PROFILE=FILE`` every process (each
+xdist worker) appends its tests' figures to FILE as JSON lines; ``python tests/cpu_profile.py
+FILE`` prints the costliest files from them. Without xdist the summary is printed at the end.
 """
 
 from __future__ import annotations
@@ -41,20 +42,38 @@ def pytest_runtest_protocol(item, nextitem):
                   "children_cpu": round(_children() - children, 2), "wall": round(time.monotonic() - wall, 2)})
 
 
+def pytest_sessionfinish(session):
+    if (path := os.environ.get("SENDDOCK_CPU_PROFILE")) and _rows:
+        with open(path, "a", encoding="utf-8") as out:  # one write per process: lines stay whole
+            out.write("".join(json.dumps(row) + "\n" for row in _rows))
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not _rows:
-        return
+    if _rows:
+        for line in summary(_rows):
+            terminalreporter.write_line(line)
+
+
+def summary(rows: list[dict]) -> list[str]:
     by_file: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for row in _rows:
+    for row in rows:
         for key in ("machine_cpu", "own_cpu", "children_cpu", "wall"):
             by_file[row["file"]][key] += row[key]
         by_file[row["file"]]["tests"] += 1
-    total = sum(f["machine_cpu"] for f in by_file.values())
-    write = terminalreporter.write_line
-    write(f"CPU by test file (machine CPU-seconds, {len(_rows)} tests, {total:.0f} s in all):")
-    for name, f in sorted(by_file.items(), key=lambda kv: -kv[1]["machine_cpu"])[:25]:
-        write(f"  {f['machine_cpu']:7.1f} s {100 * f['machine_cpu'] / total:5.1f}%  own {f['own_cpu']:6.1f}  "
-              f"children {f['children_cpu']:6.1f}  wall {f['wall']:6.1f}  {int(f['tests']):4d} tests  {name}")
-    if path := os.environ.get("SENDDOCK_CPU_PROFILE"):
-        with open(path, "w", encoding="utf-8") as out:
-            out.writelines(json.dumps(row) + "\n" for row in _rows)
+    for f in by_file.values():
+        f["cpu"] = f["own_cpu"] + f["children_cpu"]
+    total = sum(f["cpu"] for f in by_file.values())
+    lines = [f"CPU by test file (own + children CPU-seconds; {len(rows)} tests, {total:.0f} s in all; machine "
+             f"CPU {sum(f['machine_cpu'] for f in by_file.values()):.0f} s, meaningful with -n 0 alone):"]
+    for name, f in sorted(by_file.items(), key=lambda kv: -kv[1]["cpu"])[:25]:
+        lines.append(f"  {f['cpu']:7.1f} s {100 * f['cpu'] / total:5.1f}%  own {f['own_cpu']:6.1f}  children "
+                     f"{f['children_cpu']:6.1f}  machine {f['machine_cpu']:6.1f}  wall {f['wall']:6.1f}  "
+                     f"{int(f['tests']):4d} tests  {name}")
+    return lines
+
+
+if __name__ == "__main__":
+    import sys
+
+    with open(sys.argv[1], encoding="utf-8") as lines:
+        print("\n".join(summary([json.loads(line) for line in lines])))

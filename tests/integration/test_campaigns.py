@@ -128,8 +128,8 @@ def test_status_counts_come_from_the_jobs(audience):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"from_addr": "not an address"}, "--from"),
-        ({"reply_to": "x@"}, "--reply-to"),
+        ({"from_addr": "not an address"}, "^from_addr "),
+        ({"reply_to": "x@"}, "^reply_to "),
         ({"text_body": None}, "needs a body"),
         ({"subject": "  "}, "needs a subject"),
         ({"lists": []}, "at least one list"),

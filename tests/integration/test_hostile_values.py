@@ -68,7 +68,7 @@ def test_a_template_past_its_limits_is_refused_at_create_and_preview(make_config
     app.create_list("news")
     app.add_subscriber("ada@example.com", lists=["news"])
     started = time.monotonic()
-    with pytest.raises(InvalidInput, match=f"--text: template error, .*{says}"):
+    with pytest.raises(InvalidInput, match=f"^text_body: template error, .*{says}"):
         app.create_campaign(name="Bomb", lists=["news"], subject="Hi", from_addr="news@example.com",
                             text_body=template)
     assert time.monotonic() - started < 5
