@@ -13,7 +13,7 @@ from typing import Any
 
 # The owners whose checks register themselves with senddock.config.checks when imported.
 import senddock.passwords  # noqa: F401
-from senddock.config.file import config_folder, read_config
+from senddock.config.file import config_folder, file_stamp, read_config, rereadable
 from senddock.config.schema import base_schema
 from senddock.config.sections import Config
 from senddock.config.validation import validate
@@ -36,6 +36,8 @@ def load_config(
     environ = os.environ if environ is None else environ
     config_path = Path(path) if path is not None else None
     label = str(config_path) if config_path else "<defaults>"
+    # Stat before reading: a change after this is seen by the running node's watch (core.config_watch).
+    stamp = file_stamp(config_path) if config_path and rereadable(config_path) else None
     raw = read_config(config_path) if config_path else {}
 
     errors: list[str] = []
@@ -67,6 +69,7 @@ def load_config(
         plugin_origins=pm_build.origins,
         transport_providers=pm_build.transports,
         folder=config_folder(config_path),
+        file_stamp=stamp,
     )
 
 

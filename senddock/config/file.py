@@ -86,6 +86,16 @@ class UniqueKeyLoader(_SafeLoader):  # type: ignore[misc, valid-type]
         return key
 
 
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells a file changed without reading it: modification time, size and inode (an editor
+    that saves by renaming makes a new one); None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
 def read_config(path: Path) -> Any:
     """The YAML document of ``path`` (``{}`` when empty), read once; ConfigError naming the file
     and line for anything wrong."""

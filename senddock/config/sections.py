@@ -80,6 +80,9 @@ class Config:
     transport_providers: Mapping[str, str] = field(repr=False)
     #: The absolute folder that relative paths in the config resolve against (see senddock.config.file.config_folder).
     folder: Path = field(default_factory=Path.cwd)
+    #: The file's stamp when it was read (senddock.config.file.file_stamp): a running node re-reads
+    #: its file only once that changes.
+    file_stamp: tuple[int, int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def transport(self) -> str:

@@ -13,7 +13,6 @@ that saves by renaming makes a new one); the file is read and validated again on
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import structlog
 from senddock.config import Config
 from senddock.loading import load_config
 from senddock.config.digest import changed_settings, config_digest, short_digest
-from senddock.config.file import rereadable
+from senddock.config.file import file_stamp, rereadable
 from senddock.errors import ConfigError, error_line
 
 log = structlog.get_logger(__name__)
@@ -41,9 +40,9 @@ class ConfigWatch:
         self._digest = config_digest(config)
         # A config from a pipe (-c /dev/stdin) cannot be read again: nothing to watch.
         self._path: Path | None = config.path if config.path is not None and rereadable(config.path) else None
-        # The first look reads the file again: it may have changed between the node's load and
-        # its first chores.
-        self._stamp: object = _UNSEEN
+        # As it was when the node loaded it: the file is read again only once it changed since
+        # (each start of a node in a process would otherwise validate it again, ~35 ms).
+        self._stamp: object = config.file_stamp if config.file_stamp is not None else _UNSEEN
         # What the last warning was about (the file's settings, or its errors): said once.
         self._said: Any = None
 
@@ -51,7 +50,7 @@ class ConfigWatch:
         """Look at the file; re-read and compare it only when its stat changed."""
         if self._path is None:
             return
-        stamp = _stamp(self._path)
+        stamp = file_stamp(self._path)
         if stamp == self._stamp:
             return
         self._stamp = stamp
@@ -77,10 +76,3 @@ class ConfigWatch:
             self._said = about
             log.warning("config_changed", path=str(self._path), **fields)
 
-
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None  # gone: re-read, which says so
-    return st.st_mtime_ns, st.st_size, st.st_ino

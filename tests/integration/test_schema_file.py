@@ -7,10 +7,9 @@ from pathlib import Path
 
 import psycopg
 
-import senddock.store
 from senddock.store.schema import describe
 
-SCHEMA_FILE = Path(senddock.store.__file__).parent / "schema.sql"
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "senddock" / "store" / "schema.sql"  # the checkout's
 
 
 def test_schema_sql_is_what_the_migrations_make(database_dsn: str):

@@ -12,10 +12,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import senddock
 
-PACKAGE = Path(senddock.__file__).parent
-ROOT = PACKAGE.parent
+# The checkout's source, not an installed copy (CI installs senddock into a virtualenv).
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "senddock"
 
 
 def _modules() -> dict[str, Path]:
