@@ -51,19 +51,35 @@ def config_file(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], database_dsn: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
-    """Run the senddock CLI in-process on this test's database."""
+    """Run the senddock CLI in-process on this test's database: as ``run_senddock`` does, a
+    fraction of a second cheaper a command (no interpreter to start, nothing to import again).
+    ``env`` adds variables for this command only; ``db=False`` runs it with no database URL."""
     monkeypatch.setenv("SENDDOCK_DATABASE_URL", database_dsn)
 
-    def run(*argv: str) -> CliResult:
+    def run(*argv: str, env: dict[str, str] | None = None, db: bool = True) -> CliResult:
         capsys.readouterr()
         try:
-            code = main([str(a) for a in argv])
+            with monkeypatch.context() as scoped:
+                for name, value in (env or {}).items():
+                    scoped.setenv(name, value)
+                if not db:
+                    scoped.delenv("SENDDOCK_DATABASE_URL")
+                code = main([str(a) for a in argv])
         finally:
             structlog.reset_defaults()  # the CLI configured logging for this process
         captured = capsys.readouterr()
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture
+def in_test_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test runs in its own folder, as a user's shell is in theirs: relative paths given to
+    the in-process ``cli`` (and a config's own, like the shipped one's) resolve there, never in
+    the checkout. ``run_senddock`` runs its subprocess there already."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
 
 
 @pytest.fixture

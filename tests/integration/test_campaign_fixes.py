@@ -20,6 +20,8 @@ from senddock.sink import FailRule, Sink
 from senddock.testing import drain, fast_settings
 from tests_support import senddock_executable, wait_for
 
+pytestmark = pytest.mark.usefixtures("in_test_folder")  # the in-process commands' relative paths
+
 # Every table that holds rows of a campaign or its broadcast (the schema's migrations).
 BROADCAST_TABLES = ("broadcast_jobs", "delivery_attempts", "delivery_events", "claim_floors", "claim_putbacks",
                     "pending_bounces")
@@ -58,11 +60,11 @@ def rows(dsn: str, sql: str, *params):
         return conn.execute(sql, params).fetchall()
 
 
-def test_edit_changes_a_draft_and_says_what_changed(app, run_senddock, config_path, tmp_path):
+def test_edit_changes_a_draft_and_says_what_changed(app, cli, config_path, tmp_path):
     cid = draft(app)
     body = tmp_path / "body.txt"
     body.write_text("Hello {{ subscriber.name }},\nthe launch is today.\n", encoding="utf-8")
-    edited = run_senddock("campaign", "edit", cid, "--subject", "Hello", "--text", body, "--list", "news",
+    edited = cli("campaign", "edit", cid, "--subject", "Hello", "--text", body, "--list", "news",
                           "--list", "vip", "--reply-to", "Help <help@example.com>", "-c", config_path, "--json")
     assert edited.exit_code == 0, edited.stderr
     assert edited.json == {"id": cid, "changed": ["subject", "reply_to", "text", "lists"]}
@@ -70,7 +72,7 @@ def test_edit_changes_a_draft_and_says_what_changed(app, run_senddock, config_pa
     assert (campaign.subject, campaign.text_body, campaign.lists, campaign.reply_to, campaign.status) == (
         "Hello", body.read_text(), ["news", "vip"], "Help <help@example.com>", "draft")
 
-    human = run_senddock("campaign", "edit", cid, "--name", "Launch day", "--reply-to", "", "--subject", "Hello",
+    human = cli("campaign", "edit", cid, "--name", "Launch day", "--reply-to", "", "--subject", "Hello",
                          "-c", config_path)
     assert human.exit_code == 0, human.stderr
     assert human.stdout.splitlines() == [
@@ -78,7 +80,7 @@ def test_edit_changes_a_draft_and_says_what_changed(app, run_senddock, config_pa
         "  name: 'Launch' -> 'Launch day'",
         "  reply-to: 'Help <help@example.com>' -> none",
     ]
-    same = run_senddock("campaign", "edit", cid, "--subject", "Hello", "-c", config_path)
+    same = cli("campaign", "edit", cid, "--subject", "Hello", "-c", config_path)
     assert (same.exit_code, same.stdout) == (0, f"campaign {cid}: nothing changed (it already had that content)\n")
     # The edited campaign is what is sent.
     assert app.send_campaign(cid).enqueued == 2
@@ -90,45 +92,45 @@ def test_edit_changes_a_draft_and_says_what_changed(app, run_senddock, config_pa
     ("--list", "nope", "no list named 'nope'"),
     ("--subject", " ", "--subject: a campaign needs a subject"),
 ])
-def test_edit_checks_the_new_content_as_create_does(app, run_senddock, config_path, tmp_path, option, value, message):
+def test_edit_checks_the_new_content_as_create_does(app, cli, config_path, tmp_path, option, value, message):
     cid = draft(app)
     (tmp_path / "bad.txt").write_text("Hello\n{{ subscriber.name }\n", encoding="utf-8")
     (tmp_path / "good.txt").write_text("Hello {{ subscriber.name }}\n", encoding="utf-8")
     before = app.campaign(cid)
-    refused = run_senddock("campaign", "edit", cid, option, value, "-c", config_path)
+    refused = cli("campaign", "edit", cid, option, value, "-c", config_path)
     assert refused.exit_code == 1
     assert message in refused.stderr and "Traceback" not in refused.stderr
     assert app.campaign(cid) == before  # nothing half-changed
     create = {"--name": "x", "--list": "news", "--subject": "Hi", "--from": "a@example.com", "--text": "good.txt",
               option: value}
-    created = run_senddock("campaign", "create", *[a for item in create.items() for a in item], "-c", config_path)
+    created = cli("campaign", "create", *[a for item in create.items() for a in item], "-c", config_path)
     assert created.exit_code == 1 and message in created.stderr
 
 
-def test_create_and_edit_share_one_check(app, run_senddock, config_path, tmp_path):
+def test_create_and_edit_share_one_check(app, cli, config_path, tmp_path):
     """The template-variable check of create holds for edit too: one function, check_draft."""
     cid = draft(app)
     body = tmp_path / "guess.txt"
     body.write_text("Hello {{ name }}\n", encoding="utf-8")
     with pytest.raises(InvalidInput, match=r"'name' is not a variable \(did you mean subscriber.name\?\)"):
         draft(app, text_body=body.read_text(encoding="utf-8"))
-    refused = run_senddock("campaign", "edit", cid, "--text", body, "-c", config_path)
+    refused = cli("campaign", "edit", cid, "--text", body, "-c", config_path)
     assert refused.exit_code == 1, refused
     assert "--text, line 1: 'name' is not a variable (did you mean subscriber.name?)" in refused.stderr
     assert app.campaign(cid).text_body != body.read_text(encoding="utf-8")  # nothing changed
 
 
-def test_edit_without_options_is_a_usage_error(app, run_senddock, config_path):
+def test_edit_without_options_is_a_usage_error(app, cli, config_path):
     cid = draft(app)
-    result = run_senddock("campaign", "edit", cid, "-c", config_path, "--json")
+    result = cli("campaign", "edit", cid, "-c", config_path, "--json")
     assert result.exit_code == 2
     assert result.json["error"].startswith("campaign edit: nothing to change: give at least one of --name")
 
 
-def test_a_sent_or_scheduled_campaign_cannot_be_edited_but_can_be_cloned(app, run_senddock, config_path):
+def test_a_sent_or_scheduled_campaign_cannot_be_edited_but_can_be_cloned(app, cli, config_path):
     sent = draft(app, lists=["news", "vip"], reply_to="help@example.com", html_body="<p>Hi</p>")
     app.send_campaign(sent)
-    refused = run_senddock("campaign", "edit", sent, "--subject", "Hello", "-c", config_path)
+    refused = cli("campaign", "edit", sent, "--subject", "Hello", "-c", config_path)
     assert refused.exit_code == 1
     assert refused.stderr.strip() == (
         f"senddock: error: campaign {sent} is sending and was sent (broadcast {app.campaign(sent).broadcast_id}): "
@@ -137,13 +139,13 @@ def test_a_sent_or_scheduled_campaign_cannot_be_edited_but_can_be_cloned(app, ru
 
     scheduled = draft(app)
     app.send_campaign(scheduled, send_at=datetime(2099, 1, 1, tzinfo=timezone.utc))
-    later = run_senddock("campaign", "edit", scheduled, "--subject", "Hello", "-c", config_path)
+    later = cli("campaign", "edit", scheduled, "--subject", "Hello", "-c", config_path)
     assert later.exit_code == 1
     assert f"campaign {scheduled} is scheduled for 2099-01-01T00:00:00+00:00" in later.stderr
     assert f"`senddock campaign cancel {scheduled}`" in later.stderr
     assert f"`senddock campaign clone {scheduled}`" in later.stderr
 
-    cloned = run_senddock("campaign", "clone", sent, "-c", config_path, "--json")
+    cloned = cli("campaign", "clone", sent, "-c", config_path, "--json")
     assert cloned.exit_code == 0, cloned.stderr
     copy_id = cloned.json["id"]
     assert cloned.json == {"id": copy_id, "cloned_from": sent} and copy_id not in (sent, scheduled)
@@ -152,35 +154,35 @@ def test_a_sent_or_scheduled_campaign_cannot_be_edited_but_can_be_cloned(app, ru
     assert copy.name == "Launch (copy)"
     content = ("subject", "from_addr", "reply_to", "text_body", "html_body", "lists")
     assert [getattr(copy, f) for f in content] == [getattr(original, f) for f in content]
-    named = run_senddock("campaign", "clone", sent, "--name", "Launch, fixed", "-c", config_path)
+    named = cli("campaign", "clone", sent, "--name", "Launch, fixed", "-c", config_path)
     assert named.exit_code == 0 and app.campaign(int(named.stdout)).name == "Launch, fixed"
-    assert run_senddock("campaign", "edit", copy_id, "--subject", "Fixed", "-c", config_path).exit_code == 0
+    assert cli("campaign", "edit", copy_id, "--subject", "Fixed", "-c", config_path).exit_code == 0
     assert app.send_campaign(copy_id).enqueued == 2  # ada and bob: news and vip reach the same two
 
-    missing = run_senddock("campaign", "clone", 999, "-c", config_path)
+    missing = cli("campaign", "clone", 999, "-c", config_path)
     assert (missing.exit_code, missing.stderr.strip()) == (1, "senddock: error: no campaign with id 999")
 
 
-def test_delete_a_draft_and_a_scheduled_campaign(app, run_senddock, config_path, database_dsn):
+def test_delete_a_draft_and_a_scheduled_campaign(app, cli, config_path, database_dsn):
     cid = draft(app, lists=["news", "vip"])
-    deleted = run_senddock("campaign", "delete", cid, "-c", config_path)
+    deleted = cli("campaign", "delete", cid, "-c", config_path)
     assert (deleted.exit_code, deleted.stdout) == (0, f"deleted campaign {cid} (draft)\n")
     assert rows(database_dsn, "SELECT count(*) FROM campaign_lists") == [(0,)]
 
     scheduled = draft(app)
     broadcast = app.send_campaign(scheduled, send_at=datetime(2099, 1, 1, tzinfo=timezone.utc)).broadcast_id
-    result = run_senddock("campaign", "delete", scheduled, "-c", config_path, "--json")
+    result = cli("campaign", "delete", scheduled, "-c", config_path, "--json")
     assert result.exit_code == 0, result.stderr
     assert result.json == {"id": scheduled, "status": "scheduled", "broadcast_id": broadcast, "lists": 1, "jobs": 2,
                            "delivery_attempts": 0, "delivery_events": 0, "claim_floors": 0, "campaign_events": 1,
                            "suppressions_kept": 0}
     assert rows(database_dsn, "SELECT count(*) FROM broadcasts") == [(0,)]
     assert rows(database_dsn, "SELECT count(*) FROM broadcast_jobs") == [(0,)]
-    gone = run_senddock("campaign", "delete", scheduled, "-c", config_path)
+    gone = cli("campaign", "delete", scheduled, "-c", config_path)
     assert (gone.exit_code, gone.stderr.strip()) == (1, f"senddock: error: no campaign with id {scheduled}")
 
 
-def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_config, run_senddock, database_dsn,
+def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_config, cli, database_dsn,
                                                                          tmp_path):
     from senddock.api import Senddock
 
@@ -204,7 +206,7 @@ def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_conf
     before = {t: rows(database_dsn, f"SELECT count(*) FROM {t} WHERE broadcast_id <> %s", broadcast) for t in BROADCAST_TABLES}
     config_path = config.path
 
-    refused = run_senddock("campaign", "delete", doomed, "-c", config_path)
+    refused = cli("campaign", "delete", doomed, "-c", config_path)
     assert refused.exit_code == 1
     attempts = rows(database_dsn, "SELECT count(*) FROM delivery_attempts WHERE broadcast_id = %s", broadcast)[0][0]
     assert refused.stderr.strip() == (
@@ -212,7 +214,7 @@ def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_conf
         f"{broadcast}: 3 jobs, 2 sent, {attempts} delivery attempts, 1 provider event); add --force to "
         "delete it anyway (the 1 suppression its bounces made is kept)")
 
-    forced = run_senddock("campaign", "delete", doomed, "--force", "-c", config_path, "--json")
+    forced = cli("campaign", "delete", doomed, "--force", "-c", config_path, "--json")
     assert forced.exit_code == 0, forced.stderr
     removed = forced.json
     assert removed.pop("claim_floors") >= 1  # the poll raised the broadcast's claim floor while it drained
@@ -228,25 +230,25 @@ def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_conf
     assert rows(database_dsn, "SELECT email, reason FROM suppressions") == [("bounce@example.com", "bounced")]
 
 
-def test_delete_refuses_a_live_campaign_in_flight_sends_and_unapplied_bounces(app, run_senddock, config_path,
+def test_delete_refuses_a_live_campaign_in_flight_sends_and_unapplied_bounces(app, cli, config_path,
                                                                               database_dsn):
     cid = draft(app)
     broadcast = app.send_campaign(cid).broadcast_id
     for force in ([], ["--force"]):
-        live = run_senddock("campaign", "delete", cid, *force, "-c", config_path)
+        live = cli("campaign", "delete", cid, *force, "-c", config_path)
         assert live.exit_code == 1
         assert live.stderr.strip() == (
             f"senddock: error: campaign {cid} is sending: its jobs may be in flight on any node; cancel it first "
             f"(`senddock campaign cancel {cid}`), then delete it with --force")
     app.pause_campaign(cid)
-    assert "is paused: its jobs may be in flight" in run_senddock("campaign", "delete", cid, "--force",
+    assert "is paused: its jobs may be in flight" in cli("campaign", "delete", cid, "--force",
                                                                   "-c", config_path).stderr
     with psycopg.connect(database_dsn) as conn:
         # A send that began before the cancel: a node claimed it and is talking to the relay.
         conn.execute("UPDATE broadcast_jobs SET status = 'sending', claimed_by = gen_random_uuid() "
                      "WHERE broadcast_id = %s AND email = 'ada@example.com'", (broadcast,))
     app.cancel_campaign(cid)
-    in_flight = run_senddock("campaign", "delete", cid, "--force", "-c", config_path)
+    in_flight = cli("campaign", "delete", cid, "--force", "-c", config_path)
     assert in_flight.exit_code == 1
     assert "1 of its sends are still in flight: wait for them to finish" in in_flight.stderr
     with psycopg.connect(database_dsn) as conn:
@@ -256,13 +258,13 @@ def test_delete_refuses_a_live_campaign_in_flight_sends_and_unapplied_bounces(ap
         conn.execute("INSERT INTO pending_bounces (job_id, broadcast_id, campaign_id, email, code) "
                      "SELECT id, broadcast_id, %s, email, 550 FROM broadcast_jobs WHERE broadcast_id = %s "
                      "AND email = 'ada@example.com'", (cid, broadcast))
-    unapplied = run_senddock("campaign", "delete", cid, "--force", "-c", config_path)
+    unapplied = cli("campaign", "delete", cid, "--force", "-c", config_path)
     assert unapplied.exit_code == 1
     assert f"campaign {cid}: 1 of its bounces are not yet applied to the suppression list" in unapplied.stderr
     assert rows(database_dsn, "SELECT count(*) FROM broadcast_jobs WHERE broadcast_id = %s", broadcast) == [(2,)]
     with psycopg.connect(database_dsn) as conn:
         conn.execute("DELETE FROM pending_bounces")  # the hooks ran
-    assert run_senddock("campaign", "delete", cid, "--force", "-c", config_path).exit_code == 0
+    assert cli("campaign", "delete", cid, "--force", "-c", config_path).exit_code == 0
 
 
 @pytest.mark.parametrize("command", [["edit", "--subject", "Changed"], ["delete"]])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import mailbox
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +26,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "senddock-maildir"
 def installed(tmp_path_factory) -> dict[str, str]:
     """The environment of a process that has the example installed (its --target on PYTHONPATH)."""
     target = tmp_path_factory.mktemp("site")
+    # Built from a copy: pip builds in the source folder, and test processes that run this module
+    # at the same time would write one build/ folder together.
+    source = tmp_path_factory.mktemp("source") / EXAMPLE.name
+    shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--target", str(target), str(EXAMPLE)], check=True, capture_output=True)
+                    "--target", str(target), str(source)], check=True, capture_output=True)
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))}
 
 

@@ -13,14 +13,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "config" / "senddock.yaml"
 SECRET = {"SENDDOCK_UNSUBSCRIBE_SECRET": "test-only-secret-0123456789abcdef"}
+pytestmark = pytest.mark.usefixtures("in_test_folder")  # the in-process commands' relative paths
 MISSING = ("no unsubscribe link is configured: messages would go out without a List-Unsubscribe header, which "
            "Gmail and Yahoo require of bulk senders (one-click, RFC 8058); set unsubscribe.url (the public "
            "https:// address of `senddock serve`) and unsubscribe.secret (see docs/configuration.md#unsubscribe)")
 
 
-def campaign(run_senddock, config: Path, tmp_path: Path, env: dict[str, str] | None = None) -> int:
+def campaign(cli, config: Path, tmp_path: Path, env: dict[str, str] | None = None) -> int:
     def ok(*argv):
-        result = run_senddock(*argv, "-c", config, env=env)
+        result = cli(*argv, "-c", config, env=env)
         assert result.exit_code == 0, result.stderr
         return result
 
@@ -39,18 +40,18 @@ def bare_config(tmp_path: Path) -> Path:
     return path
 
 
-def test_send_refuses_a_config_without_unsubscribe_links_unless_told(run_senddock, bare_config, tmp_path):
-    cid = campaign(run_senddock, bare_config, tmp_path)
-    refused = run_senddock("campaign", "send", cid, "-c", bare_config)
+def test_send_refuses_a_config_without_unsubscribe_links_unless_told(cli, bare_config, tmp_path):
+    cid = campaign(cli, bare_config, tmp_path)
+    refused = cli("campaign", "send", cid, "-c", bare_config)
     assert refused.exit_code == 1
     assert refused.stderr.strip() == (f"senddock: error: campaign {cid} not sent: {MISSING}; or pass "
                                       "--no-unsubscribe to send without (a test list, a relay of your own)")
-    as_json = run_senddock("campaign", "send", cid, "-c", bare_config, "--json")
+    as_json = cli("campaign", "send", cid, "-c", bare_config, "--json")
     assert as_json.exit_code == 1 and as_json.json["error"].startswith(f"campaign {cid} not sent: no unsubscribe")
-    status = run_senddock("campaign", "status", cid, "-c", bare_config, "--json").json
+    status = cli("campaign", "status", cid, "-c", bare_config, "--json").json
     assert (status["status"], status["broadcast_id"]) == ("draft", None)  # nothing enqueued
 
-    told = run_senddock("campaign", "send", cid, "--no-unsubscribe", "-c", bare_config, "--json")
+    told = cli("campaign", "send", cid, "--no-unsubscribe", "-c", bare_config, "--json")
     assert told.exit_code == 0, told.stderr
     assert told.json["enqueued"] == 1
 
@@ -59,38 +60,38 @@ def test_send_refuses_a_config_without_unsubscribe_links_unless_told(run_senddoc
     "unsubscribe:\n  url: https://mail.example.com\n  secret: ${SENDDOCK_UNSUBSCRIBE_SECRET}\n",
     "unsubscribe:\n  mailto: unsubscribe@example.com\n  secret: ${SENDDOCK_UNSUBSCRIBE_SECRET}\n",
 ])
-def test_send_and_check_config_are_quiet_with_unsubscribe_links(run_senddock, tmp_path, section):
+def test_send_and_check_config_are_quiet_with_unsubscribe_links(cli, tmp_path, section):
     config = tmp_path / "senddock.yaml"
     config.write_text("logging:\n  level: warning\n" + section, encoding="utf-8")
-    checked = run_senddock("check-config", "-c", config, env=SECRET)
+    checked = cli("check-config", "-c", config, env=SECRET)
     assert (checked.exit_code, checked.stdout.splitlines()[0], checked.stderr) == (0, "config OK", "")
-    assert run_senddock("check-config", "-c", config, "--json", env=SECRET).json["warnings"] == []
-    cid = campaign(run_senddock, config, tmp_path, env=SECRET)
-    sent = run_senddock("campaign", "send", cid, "-c", config, env=SECRET)
+    assert cli("check-config", "-c", config, "--json", env=SECRET).json["warnings"] == []
+    cid = campaign(cli, config, tmp_path, env=SECRET)
+    sent = cli("campaign", "send", cid, "-c", config, env=SECRET)
     assert sent.exit_code == 0, sent.stderr
 
 
-def test_check_config_warns_without_unsubscribe_links(run_senddock, bare_config):
-    checked = run_senddock("check-config", "-c", bare_config, db=False)
+def test_check_config_warns_without_unsubscribe_links(cli, bare_config):
+    checked = cli("check-config", "-c", bare_config, db=False)
     assert checked.exit_code == 0
     assert checked.stdout.splitlines()[0] == "config OK"
     warning = (f"{bare_config}::$.unsubscribe: {MISSING}; `campaign send` refuses without it unless given "
                "--no-unsubscribe")
     assert checked.stderr == f"warning: {warning}\n"
-    as_json = run_senddock("check-config", "-c", bare_config, "--json", db=False)
+    as_json = cli("check-config", "-c", bare_config, "--json", db=False)
     assert as_json.exit_code == 0
     assert (as_json.json["ok"], as_json.json["errors"], as_json.json["warnings"]) == (True, [], [warning])
 
 
-def test_the_shipped_config_sends_with_links_to_senddock_serve(run_senddock, tmp_path):
+def test_the_shipped_config_sends_with_links_to_senddock_serve(cli, tmp_path):
     """The README's path: config/senddock.yaml, its secret from the environment, `campaign send` as written."""
-    unset = run_senddock("check-config", "-c", SHIPPED, db=False, env={"SENDDOCK_UNSUBSCRIBE_SECRET": ""})
+    unset = cli("check-config", "-c", SHIPPED, db=False, env={"SENDDOCK_UNSUBSCRIBE_SECRET": ""})
     # An empty variable is not a secret either (minLength 16); an unset one is named (tests/unit/test_config.py).
     assert unset.exit_code == 2 and "$.unsubscribe.secret" in unset.stderr
-    assert run_senddock("check-config", "-c", SHIPPED, db=False, env=SECRET).stderr == ""
-    cid = campaign(run_senddock, SHIPPED, tmp_path, env=SECRET)
-    sent = run_senddock("campaign", "send", cid, "-c", SHIPPED, env=SECRET)
+    assert cli("check-config", "-c", SHIPPED, db=False, env=SECRET).stderr == ""
+    cid = campaign(cli, SHIPPED, tmp_path, env=SECRET)
+    sent = cli("campaign", "send", cid, "-c", SHIPPED, env=SECRET)
     assert sent.exit_code == 0, sent.stderr
-    preview = run_senddock("campaign", "preview", cid, "-c", SHIPPED, "--json", env=SECRET)
+    preview = cli("campaign", "preview", cid, "-c", SHIPPED, "--json", env=SECRET)
     assert preview.exit_code == 0, preview.stderr
     assert preview.json["headers"]["List-Unsubscribe"].strip().startswith("<http://127.0.0.1:8025/unsubscribe/")
