@@ -141,6 +141,10 @@ class Senddock:
         with self._conn() as conn:
             return subscribers.add_subscriber(conn, email, name=name, attributes=attributes, lists=lists)
 
+    def add_subscribers(self, emails: Sequence[str], *, lists: Sequence[str] = ()) -> list[int]:
+        with self._conn() as conn:
+            return subscribers.add_subscribers(conn, emails, lists=lists)
+
     def import_subscribers(
         self,
         path: str | os.PathLike[str],

@@ -357,8 +357,8 @@ def send_broadcast(
         app.create_list(list_name)
     except InvalidInput:
         pass  # the list exists already
-    for email in emails:
-        app.add_subscriber(email, lists=[list_name])
+    if emails:
+        app.add_subscribers(emails, lists=[list_name])
     campaign_id = app.create_campaign(name=name, lists=[list_name], subject=subject,
                                       from_addr="News <news@example.com>", text_body=text)
     if send:

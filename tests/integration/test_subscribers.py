@@ -158,3 +158,17 @@ def test_add_subscriber_refuses_a_name_that_cannot_go_into_a_header(senddock_app
     with pytest.raises(InvalidInput, match="contains a (line break|control character): give it on one line"):
         senddock_app.add_subscriber("ada@example.com", name=name)
     assert senddock_app.subscribers() == []
+
+
+def test_adding_many_at_once_is_one_transaction_that_a_bad_address_refuses_whole(senddock_app, database_dsn):
+    senddock_app.create_list("news")
+    senddock_app.add_subscriber("ada@example.com", name="Ada", lists=["news"])
+    with pytest.raises(InvalidInput, match="not-an-address"):
+        senddock_app.add_subscribers(["grace@example.com", "not-an-address"], lists=["news"])
+    ids = senddock_app.add_subscribers(["grace@example.com", "ADA@example.com", "linus@example.com"], lists=["news"])
+    with psycopg.connect(database_dsn) as conn:
+        rows = conn.execute("SELECT s.id, s.email, s.name FROM subscribers s JOIN list_members m ON m.subscriber_id = s.id "
+                            "ORDER BY s.id").fetchall()
+    assert [email for _, email, _ in rows] == ["ada@example.com", "grace@example.com", "linus@example.com"]
+    assert ids == [rows[1][0], rows[0][0], rows[2][0]]  # in the order given; Ada's row kept, name and all
+    assert rows[0][2] == "Ada"
