@@ -24,11 +24,14 @@ HEADER = """\
 -- tests/integration/test_schema_file.py fails when it differs from what the migrations make.
 """
 
-# Only senddock's own objects: the public schema, no extension's.
+# Only senddock's own objects: the public schema, no extension's. A partitioned table is said with
+# its partition key; its partitions (one per broadcast, migration 18) are data, not schema: left out,
+# with their indexes and triggers.
 _TABLES = """
-SELECT c.oid, c.relname, c.relpersistence = 'u' AS unlogged
+SELECT c.oid, c.relname, c.relpersistence = 'u' AS unlogged,
+       CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+ WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition
  ORDER BY c.relname
 """
 _COLUMNS = """
@@ -49,7 +52,7 @@ SELECT conname, pg_get_constraintdef(oid, true)
 _INDEXES = """
 SELECT pg_get_indexdef(i.indexrelid)
   FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = 'public'
+ WHERE n.nspname = 'public' AND NOT c.relispartition
    AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.contype IN ('p', 'u', 'x'))
  ORDER BY c.relname
 """
@@ -69,7 +72,7 @@ SELECT pg_get_functiondef(p.oid)
 _TRIGGERS = """
 SELECT pg_get_triggerdef(t.oid, true)
   FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = 'public' AND NOT t.tgisinternal
+ WHERE n.nspname = 'public' AND NOT t.tgisinternal AND NOT c.relispartition
  ORDER BY c.relname, t.tgname
 """
 # The migrations' own bookkeeping is not part of the schema a reader wants.
@@ -79,14 +82,17 @@ _LEFT_OUT = {"senddock_migrations"}
 def describe(conn: psycopg.Connection) -> str:
     """The schema of ``conn``'s database as SQL: tables, indexes, views, functions, triggers."""
     parts = [HEADER]
-    for oid, table, unlogged in conn.execute(_TABLES).fetchall():
+    for oid, table, unlogged, partition_key in conn.execute(_TABLES).fetchall():
         if table in _LEFT_OUT:
             continue
         lines = [_column(*column) for column in conn.execute(_COLUMNS, (oid,)).fetchall()]
         lines += [f"CONSTRAINT {name} {definition}" for name, definition in conn.execute(_CONSTRAINTS, (oid,))]
         body = ",\n".join(f"    {line}" for line in lines)
-        parts.append(f"CREATE {'UNLOGGED ' if unlogged else ''}TABLE {table} (\n{body}\n);\n")
-    indexes = [f"{definition};" for (definition,) in conn.execute(_INDEXES)
+        partitioned = f" PARTITION BY {partition_key}" if partition_key else ""
+        parts.append(f"CREATE {'UNLOGGED ' if unlogged else ''}TABLE {table} (\n{body}\n){partitioned};\n")
+    # A partitioned table's index reads "ON ONLY" (it was made on the parent alone): it is on every
+    # partition, as one made on the parent with CREATE INDEX is.
+    indexes = [f"{definition.replace(' ON ONLY public.', ' ON public.')};" for (definition,) in conn.execute(_INDEXES)
                if not any(f" ON public.{t} " in definition for t in _LEFT_OUT)]
     parts.append("\n".join(indexes) + "\n")
     parts += [f"CREATE VIEW {name} AS\n{definition.rstrip(';').rstrip()};\n" for name, definition in conn.execute(_VIEWS)]

@@ -23,10 +23,10 @@ CREATE TABLE broadcast_jobs (
     claim_epoch uuid,
     deferrals integer DEFAULT 0 NOT NULL,
     send_begun boolean,
-    CONSTRAINT broadcast_jobs_pkey PRIMARY KEY (id),
+    CONSTRAINT broadcast_jobs_pkey PRIMARY KEY (id, broadcast_id),
     CONSTRAINT broadcast_jobs_broadcast_id_subscriber_id_key UNIQUE (broadcast_id, subscriber_id),
     CONSTRAINT broadcast_jobs_status_check CHECK (status = ANY (ARRAY['pending'::text, 'sending'::text, 'retry'::text, 'sent'::text, 'failed'::text]))
-);
+) PARTITION BY LIST (broadcast_id);
 
 CREATE TABLE broadcasts (
     id bigint GENERATED ALWAYS AS IDENTITY,
@@ -124,8 +124,8 @@ CREATE TABLE delivery_attempts (
     message text,
     provider_message_id text,
     claim_lost boolean DEFAULT false NOT NULL,
-    CONSTRAINT delivery_attempts_pkey PRIMARY KEY (id)
-);
+    CONSTRAINT delivery_attempts_pkey PRIMARY KEY (id, broadcast_id)
+) PARTITION BY LIST (broadcast_id);
 
 CREATE TABLE delivery_events (
     id bigint GENERATED ALWAYS AS IDENTITY,
@@ -345,6 +345,40 @@ CREATE VIEW broadcast_claim_starts AS
           ORDER BY k.at, k.id
          LIMIT 1) s;
 
+CREATE OR REPLACE FUNCTION public.senddock_broadcast_added()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM senddock_broadcast_partitions(NEW.id);
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION public.senddock_broadcast_partitions(broadcast bigint)
+ RETURNS void
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    parent text;
+    options text;
+BEGIN
+    FOREACH parent IN ARRAY ARRAY['broadcast_jobs', 'delivery_attempts'] LOOP
+        CONTINUE WHEN to_regclass(format('%I', parent || '_b' || broadcast)) IS NOT NULL;
+        -- Jobs are updated twice or more each: room on the page for their new versions, and an
+        -- early vacuum (migration 1). Attempts are only ever appended.
+        options := CASE parent WHEN 'broadcast_jobs'
+                        THEN ' WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02, '
+                             'autovacuum_analyze_scale_factor = 0.02)'
+                        ELSE '' END;
+        EXECUTE format('CREATE TABLE %I (LIKE %I INCLUDING DEFAULTS INCLUDING CONSTRAINTS)%s',
+                       parent || '_b' || broadcast, parent, options);
+        EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES IN (%s)',
+                       parent, parent || '_b' || broadcast, broadcast);
+    END LOOP;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION public.senddock_campaign_event()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -448,6 +482,7 @@ $function$;
 CREATE TRIGGER tallies_jobs_deleted AFTER DELETE ON broadcast_jobs REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_jobs_changed();
 CREATE TRIGGER tallies_jobs_inserted AFTER INSERT ON broadcast_jobs REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_jobs_changed();
 CREATE TRIGGER tallies_jobs_updated AFTER UPDATE ON broadcast_jobs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_jobs_changed();
+CREATE TRIGGER broadcasts_partitions AFTER INSERT ON broadcasts FOR EACH ROW EXECUTE FUNCTION senddock_broadcast_added();
 CREATE TRIGGER campaigns_status_event AFTER UPDATE OF status, paused_reason ON campaigns FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR new.status = 'paused'::text AND old.paused_reason IS DISTINCT FROM new.paused_reason) EXECUTE FUNCTION senddock_campaign_event();
 CREATE TRIGGER tallies_events_inserted AFTER INSERT ON delivery_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_events_added();
 CREATE TRIGGER tallies_suppressions_deleted AFTER DELETE ON suppressions REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_suppressions_changed();
