@@ -14,7 +14,7 @@ from psycopg.rows import class_row, dict_row
 
 from senddock.config import BreakerSettings
 from senddock.store.node_identity import LOCK_CLASS, NodeIdentity
-from senddock.store.queries import query
+from senddock.store.queries import for_broadcasts, query
 from senddock.store import outbox
 from senddock.config.webhooks import NO_WEBHOOKS, Subscriptions
 
@@ -144,10 +144,13 @@ class JobQueue:
         then ``begin``); None leaves the mark out (the caller sends the batch one at a time in id
         order, which says what began).
         """
+        broadcasts = [row[0] for row in self.conn.execute(query("jobs_claim_broadcasts"))]
+        if not broadcasts:  # nothing sends: no claim to plan
+            return []
         params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4(),
                   "async_results": self._synchronous_commit == "off", "begun": begun, "lease": self._lease}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
-            jobs = cur.execute(query("jobs_claim"), params).fetchall()
+            jobs = cur.execute(for_broadcasts("jobs_claim", tuple(broadcasts)), params).fetchall()
         return sorted(jobs, key=lambda j: j.id)
 
     def begin(self, token: uuid.UUID, begun: Sequence[ClaimedJob],

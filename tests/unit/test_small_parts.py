@@ -62,7 +62,7 @@ def test_redaction_of_secret_keys_and_dsns():
 def test_every_named_query_is_used_and_every_used_query_exists():
     used = set()
     for path in PACKAGE.rglob("*.py"):
-        used |= set(re.findall(r'query\("(\w+)"\)', path.read_text(encoding="utf-8")))
+        used |= set(re.findall(r'(?:query|for_broadcasts)\("(\w+)"[,)]', path.read_text(encoding="utf-8")))
     assert used == set(all_queries())
 
 

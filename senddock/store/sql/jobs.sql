@@ -6,6 +6,11 @@ UPDATE campaigns SET status = 'sending', started_at = now(), updated_at = now()
  WHERE status = 'scheduled' AND send_at <= now()
 RETURNING id, broadcast_id;
 
+-- name: jobs_claim_broadcasts
+-- The broadcasts a claim may take jobs of: jobs_claim names them, so that it is planned over their
+-- partitions only (migration 18), not over every broadcast ever sent.
+SELECT broadcast_id FROM campaigns WHERE status = 'sending' AND broadcast_id IS NOT NULL ORDER BY broadcast_id;
+
 -- name: notify_jobs
 SELECT pg_notify('senddock_jobs', %(broadcast_id)s::text);
 
@@ -20,11 +25,15 @@ SELECT pg_notify('senddock_jobs', %(broadcast_id)s::text);
 -- tells a claim still held from one abandoned. Pending jobs are walked from the broadcast's claim start (migration 4): no
 -- pending job is below it, and the index entries of jobs drained before it are never visited,
 -- however old the oldest open snapshot is. The start is read, never locked: claims never wait.
+-- {broadcasts}: the broadcasts of jobs_claim_broadcasts, read just before, written in as literals
+-- (queries.for_broadcasts): every reference to broadcast_jobs is pruned to their partitions when
+-- the statement is planned (migration 18), and the plan psycopg prepares for that text can be kept.
+-- A campaign that stopped sending since is still left out here; one that started waits for the next claim.
 WITH running AS MATERIALIZED (
     SELECT c.id AS campaign_id, c.broadcast_id, c.send_rate, s.from_at, s.from_id
     FROM campaigns c
     JOIN broadcast_claim_starts s ON s.broadcast_id = c.broadcast_id
-    WHERE c.status = 'sending' AND c.broadcast_id IS NOT NULL
+    WHERE c.status = 'sending' AND c.broadcast_id IN ({broadcasts})
       -- Nothing while a live node has not settled in the server's current epoch (migration 14):
       -- after a loss of WAL it may be the only one to know a job was sent (senddock.core.journal).
       -- A node that died with the old server is waited for until its lease has passed.
@@ -34,24 +43,26 @@ WITH running AS MATERIALIZED (
                          AND n.settled_epoch IS DISTINCT FROM (SELECT id FROM server_epoch))
     ORDER BY c.broadcast_id
 ), retries AS MATERIALIZED (
-    SELECT j.id, r.campaign_id, r.send_rate, j.email
+    SELECT j.id, r.broadcast_id, r.campaign_id, r.send_rate, j.email
     FROM running r
     CROSS JOIN LATERAL (
         SELECT j.id, j.email
         FROM broadcast_jobs j
-        WHERE j.broadcast_id = r.broadcast_id AND j.status = 'retry' AND j.next_attempt_at <= now()
+        WHERE j.broadcast_id = r.broadcast_id AND j.broadcast_id IN ({broadcasts})
+          AND j.status = 'retry' AND j.next_attempt_at <= now()
         ORDER BY j.next_attempt_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     ) j
     LIMIT %(limit)s
 ), fresh AS MATERIALIZED (
-    SELECT j.id, r.campaign_id, r.send_rate, j.email
+    SELECT j.id, r.broadcast_id, r.campaign_id, r.send_rate, j.email
     FROM running r
     CROSS JOIN LATERAL (
         SELECT j.id, j.email
         FROM broadcast_jobs j
-        WHERE j.broadcast_id = r.broadcast_id AND j.status = 'pending'
+        WHERE j.broadcast_id = r.broadcast_id AND j.broadcast_id IN ({broadcasts})
+          AND j.status = 'pending'
           -- A row comparison on the index's own columns: the scan starts there, not at the
           -- broadcast's first entry.
           AND (j.next_attempt_at, j.id) >= (r.from_at, r.from_id)
@@ -66,7 +77,7 @@ WITH running AS MATERIALIZED (
     -- Materialized: `suppressed` is read by five SET expressions below, and an inlined CTE would
     -- look the address up in suppressions once for each (measured: a claim of 50 with 100,000
     -- suppressions took 4.7 ms, 3.9 ms looking up once).
-    SELECT d.id, d.campaign_id, d.send_rate,
+    SELECT d.id, d.broadcast_id, d.campaign_id, d.send_rate,
            EXISTS (SELECT 1 FROM suppressions x WHERE lower(x.email) = lower(d.email)) AS suppressed
     FROM (SELECT * FROM retries UNION ALL SELECT * FROM fresh) d
 ), durable AS (
@@ -89,7 +100,8 @@ UPDATE broadcast_jobs j
        send_begun = CASE WHEN due.suppressed OR %(begun)s::boolean IS NULL THEN NULL
                          ELSE %(begun)s AND due.send_rate IS NULL END
   FROM due, durable, subscribers s
- WHERE j.id = due.id AND s.id = j.subscriber_id
+ WHERE j.broadcast_id IN ({broadcasts}) AND j.broadcast_id = due.broadcast_id AND j.id = due.id
+   AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
           j.attempts, j.deferrals, j.claim_token,
           coalesce(extract(epoch FROM now() - j.first_attempt_at), 0)::float8 AS age, due.suppressed,
