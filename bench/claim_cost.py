@@ -66,7 +66,7 @@ from common import (
 from senddock.cli.logs import configure_logging
 from senddock.domain import campaigns
 from senddock.store.node_identity import NodeIdentity
-from senddock.store.queries import query
+from senddock.store.queries import for_broadcasts, query
 from senddock.store.jobs import JobQueue
 
 BATCH = 5
@@ -153,7 +153,9 @@ def explain(conn: psycopg.Connection, node: NodeIdentity, broadcast_id: int, lab
     params = {"limit": BATCH, "node_id": node.id, "claim_token": uuid.uuid4(), "async_results": True, "begun": True,
               "lease": 30.0}
     with conn.transaction(force_rollback=True):  # ANALYZE really claims: undo it
-        lines = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params)]
+        sending = tuple(row[0] for row in conn.execute(query("jobs_claim_broadcasts")))
+        lines = [r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + for_broadcasts("jobs_claim", sending),
+                                            params)]
     print(f"--- EXPLAIN (ANALYZE, BUFFERS) of one claim, {label} ---", *lines, "", sep="\n", file=sys.stderr)
     buffers = [(i, line) for i, line in enumerate(lines) if "Buffers: shared" in line]
     top = buffers[0][1]

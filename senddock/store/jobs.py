@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -124,6 +124,11 @@ def _result_fields(row: ResultRow, tokens: dict[uuid.UUID, str]) -> dict[str, An
     }
 
 
+def _broadcasts(*jobs: Iterable[ClaimedJob]) -> tuple[int, ...]:
+    """The broadcasts of these jobs, in order: what a statement by job id names (for_broadcasts)."""
+    return tuple(sorted({job.broadcast_id for group in jobs for job in group}))
+
+
 class JobQueue:
     """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
 
@@ -160,7 +165,8 @@ class JobQueue:
         (a job whose claim was lost meanwhile is not)."""
         params = {"claim_token": token, "begun_ids": [j.id for j in begun],
                   "held_ids": [j.id for j, _ in held], "held_due": [due for _, due in held]}
-        marked, _, _ = self.conn.execute(query("jobs_begin"), params).fetchone()
+        statement = for_broadcasts("jobs_begin", _broadcasts(begun, (j for j, _ in held)))
+        marked, _, _ = self.conn.execute(statement, params).fetchone()
         return set(marked or ())
 
     def record_results(self, rows: Sequence[ResultRow], *, synchronous: bool = False) -> dict[int, Recorded]:
@@ -183,22 +189,22 @@ class JobQueue:
             "begin_tokens": [j.claim_token for j in begin],
             "node": self.node.name,
             "node_id": self.node.id,
-            "synchronous_commit": "on" if synchronous or begin else self._synchronous_commit,
+            "sync": "on" if synchronous or begin else self._synchronous_commit,
         }
+        statement = for_broadcasts("jobs_record_results", _broadcasts((r.job for r in rows), begin))
         if not self.webhooks.active:  # no webhooks: the one statement as ever, nothing more
-            return self._committed(params)
+            return self._committed(statement, params)
         # The statement's synchronous_commit setting holds for the transaction it is in.
         # Pipelined: BEGIN goes with the results' statement, the events' INSERT with COMMIT (two
         # round trips, not four).
         with self.conn.pipeline(), self.conn.transaction():
-            committed = self._committed(params)
+            committed = self._committed(statement, params)
             outbox.emit(self.conn, self.webhooks, result_events(rows, committed.recorded))
         return committed
 
-    def _committed(self, params: dict[str, Any]) -> GroupCommit:
+    def _committed(self, statement: str, params: dict[str, Any]) -> GroupCommit:
         recorded, begun, stopped = {}, frozenset(), frozenset()
-        for job_id, applied, late_sent, paused_now, marked, halted, _ in self.conn.execute(
-                query("jobs_record_results"), params):
+        for job_id, applied, late_sent, paused_now, marked, halted, _ in self.conn.execute(statement, params):
             recorded[job_id] = Recorded(applied, late_sent, paused_now)
             begun, stopped = frozenset(marked or ()), frozenset(halted or ())
         return GroupCommit(recorded, begun, stopped)
@@ -213,7 +219,8 @@ class JobQueue:
         or a loss of WAL): job id -> whether it was recorded under a lost claim."""
         params = {"job_ids": [r.job.id for r in rows], "started_ats": [r.started_at for r in rows],
                   "node_id": self.node.id}
-        return dict(self.conn.execute(query("jobs_results_recorded"), params).fetchall())
+        statement = for_broadcasts("jobs_results_recorded", _broadcasts(r.job for r in rows))
+        return dict(self.conn.execute(statement, params).fetchall())
 
     def reclaim(self, jobs: Sequence[ClaimedJob]) -> set[int]:
         """After a loss of WAL: take back this node's jobs in flight under their claims, marked
@@ -223,7 +230,7 @@ class JobQueue:
             return set()
         params = {"job_ids": [j.id for j in jobs], "tokens": [j.claim_token for j in jobs],
                   "node_id": self.node.id, "async_results": self._synchronous_commit == "off"}
-        taken, _ = self.conn.execute(query("jobs_reclaim"), params).fetchone()
+        taken, _ = self.conn.execute(for_broadcasts("jobs_reclaim", _broadcasts(jobs)), params).fetchone()
         return set(taken or ())
 
     def settled(self, epoch: uuid.UUID) -> bool:
@@ -251,7 +258,7 @@ class JobQueue:
         if not jobs:
             return 0
         rows = self.conn.execute(
-            query("jobs_release"),
+            for_broadcasts("jobs_release", _broadcasts(jobs)),
             {"job_ids": [j.id for j in jobs], "claim_tokens": [j.claim_token for j in jobs]},
         ).fetchall()
         return len(rows)

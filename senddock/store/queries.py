@@ -46,7 +46,8 @@ def query(name: str) -> str:
 
 @lru_cache(maxsize=256)
 def for_broadcasts(name: str, broadcast_ids: tuple[int, ...]) -> str:
-    """``name``'s query with its ``{broadcasts}`` written as a list of these broadcast ids.
+    """``name``'s query with its ``{b}`` written as the list of these broadcast ids (NULL, matching
+    none, for no id).
 
     A statement on the send path names its broadcasts so that it touches their partitions only
     (migration 18). As a bound parameter the list would cost either way: a custom plan is made
@@ -55,5 +56,5 @@ def for_broadcasts(name: str, broadcast_ids: tuple[int, ...]) -> str:
     keeps the prepared statement of each text (the set of broadcasts sending changes rarely). The
     ids pass through int(): nothing else is ever written in.
     """
-    listed = ", ".join(str(int(b)) for b in broadcast_ids)
-    return query(name).replace("{broadcasts}", listed)
+    listed = ", ".join(str(int(b)) for b in broadcast_ids) or "NULL"
+    return query(name).replace("{b}", listed)

@@ -23,7 +23,7 @@ import pytest
 
 from senddock.api import Senddock
 from senddock.domain import campaigns
-from senddock.store.queries import query
+from senddock.store.queries import for_broadcasts, query
 from senddock.store.jobs import ClaimedJob, JobResult, JobQueue
 from senddock.core.runner import Runner
 from senddock.testing import fast_settings
@@ -51,13 +51,15 @@ def plan_of(conn: psycopg.Connection, node_id: uuid.UUID, statement: str = "jobs
     params = {"limit": 5, "node_id": node_id, "claim_token": uuid.uuid4(), "broadcast_id": None,
               "async_results": True, "begun": True, "lease": 30.0}
     with conn.transaction(force_rollback=True):  # ANALYZE really claims: undo it
-        return "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query(statement), params))
+        sending = tuple(row[0] for row in conn.execute(query("jobs_claim_broadcasts")))
+        return "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + for_broadcasts(statement, sending),
+                                                    params))
 
 
 def buffers(plan: str, node: str | None = None) -> int:
     """Shared buffers (hit or read) of the whole statement, or of the first plan node naming ``node``
     (its own Buffers line is the next one)."""
-    text = plan[plan.index(node):] if node else plan
+    text = plan[re.search(node, plan).start():] if node else plan
     found = re.search(r"Buffers: shared hit=(\d+)(?: read=(\d+))?", text)
     return int(found[1]) + int(found[2] or 0)
 
@@ -65,7 +67,8 @@ def buffers(plan: str, node: str | None = None) -> int:
 # The walk over the pending index (index pages and the heap rows its entries point to): what grew
 # with every drained job. The whole claim also writes its rows' new versions, and while the old
 # snapshot keeps every dead version, finding room for them costs a few more buffers (bounded).
-PENDING_WALK = "Index Scan using broadcast_jobs_pending_idx"
+# (A partition's index is named after its columns: broadcast_jobs_pending_idx on broadcast_jobs_bN.)
+PENDING_WALK = r"Index Scan using broadcast_jobs_b\d+_broadcast_id_next_attempt_at_id_idx"
 
 
 def one_poll(runner: Runner) -> None:

@@ -13,7 +13,7 @@ import uuid
 
 import psycopg
 
-from senddock.store.queries import query
+from senddock.store.queries import for_broadcasts, query
 from tests_support import make_broadcast
 
 
@@ -24,8 +24,10 @@ def explain_a_claim_of_five(database_dsn: str) -> str:
         conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'plan', 'h', 1)", (node,))
         params = {"limit": 5, "node_id": node, "claim_token": uuid.uuid4(), "async_results": True, "begun": True,
                   "lease": 30.0}
+        sending = tuple(row[0] for row in conn.execute(query("jobs_claim_broadcasts")))
         with conn.transaction():
-            plan = "\n".join(r[0] for r in conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + query("jobs_claim"), params))
+            plan = "\n".join(r[0] for r in conn.execute(
+                "EXPLAIN (ANALYZE, BUFFERS) " + for_broadcasts("jobs_claim", sending), params))
             raise psycopg.Rollback
     return plan
 
@@ -33,10 +35,11 @@ def explain_a_claim_of_five(database_dsn: str) -> str:
 def generic_plan_of_the_group_commit(conn: psycopg.Connection) -> str:
     """EXPLAIN of jobs_record_results as Postgres keeps it once psycopg has prepared it (after five
     runs): a generic plan, which cannot see how many results or marks its parameters hold."""
-    statement = query("jobs_record_results")
+    broadcasts = tuple(row[0] for row in conn.execute("SELECT id FROM broadcasts ORDER BY id"))
+    statement = for_broadcasts("jobs_record_results", broadcasts)
     parameters = {"results": ("json", "'[]'"), "count": ("int", "0"), "begin_ids": ("bigint[]", "'{}'"),
                   "begin_tokens": ("uuid[]", "'{}'"), "node": ("text", "'plan'"),
-                  "node_id": ("uuid", "gen_random_uuid()"), "synchronous_commit": ("text", "'on'")}
+                  "node_id": ("uuid", "gen_random_uuid()"), "sync": ("text", "'on'")}
     for number, name in enumerate(parameters, start=1):
         statement = statement.replace(f"%({name})s", f"${number}")
     assert "%(" not in statement, "a parameter of the statement is missing here"

@@ -25,7 +25,7 @@ SELECT pg_notify('senddock_jobs', %(broadcast_id)s::text);
 -- tells a claim still held from one abandoned. Pending jobs are walked from the broadcast's claim start (migration 4): no
 -- pending job is below it, and the index entries of jobs drained before it are never visited,
 -- however old the oldest open snapshot is. The start is read, never locked: claims never wait.
--- {broadcasts}: the broadcasts of jobs_claim_broadcasts, read just before, written in as literals
+-- {b}: the broadcasts of jobs_claim_broadcasts, read just before, written in as literals
 -- (queries.for_broadcasts): every reference to broadcast_jobs is pruned to their partitions when
 -- the statement is planned (migration 18), and the plan psycopg prepares for that text can be kept.
 -- A campaign that stopped sending since is still left out here; one that started waits for the next claim.
@@ -33,7 +33,7 @@ WITH running AS MATERIALIZED (
     SELECT c.id AS campaign_id, c.broadcast_id, c.send_rate, s.from_at, s.from_id
     FROM campaigns c
     JOIN broadcast_claim_starts s ON s.broadcast_id = c.broadcast_id
-    WHERE c.status = 'sending' AND c.broadcast_id IN ({broadcasts})
+    WHERE c.status = 'sending' AND c.broadcast_id IN ({b})
       -- Nothing while a live node has not settled in the server's current epoch (migration 14):
       -- after a loss of WAL it may be the only one to know a job was sent (senddock.core.journal).
       -- A node that died with the old server is waited for until its lease has passed.
@@ -48,7 +48,7 @@ WITH running AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.email
         FROM broadcast_jobs j
-        WHERE j.broadcast_id = r.broadcast_id AND j.broadcast_id IN ({broadcasts})
+        WHERE j.broadcast_id = r.broadcast_id AND j.broadcast_id IN ({b})
           AND j.status = 'retry' AND j.next_attempt_at <= now()
         ORDER BY j.next_attempt_at
         LIMIT %(limit)s
@@ -61,7 +61,7 @@ WITH running AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.email
         FROM broadcast_jobs j
-        WHERE j.broadcast_id = r.broadcast_id AND j.broadcast_id IN ({broadcasts})
+        WHERE j.broadcast_id = r.broadcast_id AND j.broadcast_id IN ({b})
           AND j.status = 'pending'
           -- A row comparison on the index's own columns: the scan starts there, not at the
           -- broadcast's first entry.
@@ -100,7 +100,7 @@ UPDATE broadcast_jobs j
        send_begun = CASE WHEN due.suppressed OR %(begun)s::boolean IS NULL THEN NULL
                          ELSE %(begun)s AND due.send_rate IS NULL END
   FROM due, durable, subscribers s
- WHERE j.broadcast_id IN ({broadcasts}) AND j.broadcast_id = due.broadcast_id AND j.id = due.id
+ WHERE j.broadcast_id IN ({b}) AND j.broadcast_id = due.broadcast_id AND j.id = due.id
    AND s.id = j.subscriber_id
 RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.name, s.attributes,
           j.attempts, j.deferrals, j.claim_token,
@@ -120,21 +120,23 @@ RETURNING j.id, j.broadcast_id, due.campaign_id, j.subscriber_id, j.email, s.nam
 -- whatever the group's size, where an array per column cost it 22 array adaptations per commit.
 -- LIMIT (the array's length) is the planner's estimate: without it a set-returning function counts
 -- as 100 rows, enough for the plan to join broadcast_jobs by a sequential scan.
+-- {b}: the broadcasts of the results and of begin_ids, as in jobs_claim (queries.for_broadcasts):
+-- the three updates of broadcast_jobs are planned over their partitions only. (Types are spelt
+-- short, a delay NULL by coalesce: the statement must stay under psycopg's 4 KB parse cache.)
 WITH r AS (
     SELECT *
     FROM json_to_recordset(%(results)s::json)
-         AS r (job_id bigint, claim_token uuid, broadcast_id bigint, campaign_id bigint, email text, attempt int,
+         r (job_id int8, claim_token uuid, broadcast_id int8, campaign_id int8, email text, attempt int,
                status text, counts int, deferred int, delay float8, failure_reason text, last_result text,
-               provider_message_id text, started_at timestamptz, outcome text, in_doubt boolean, ok boolean,
-               phase text, code int, enhanced_code text, bounce boolean, pause_reason text)
+               provider_message_id text, started_at timestamptz, outcome text, in_doubt bool, ok bool,
+               phase text, code int, enhanced_code text, bounce bool, pause_reason text)
     LIMIT %(count)s
 ), result AS (
     UPDATE broadcast_jobs j
        SET status = r.status,
            attempts = j.attempts + r.counts,
            deferrals = j.deferrals + r.deferred,
-           next_attempt_at = CASE WHEN r.delay IS NULL THEN j.next_attempt_at
-                                  ELSE now() + make_interval(secs => r.delay) END,
+           next_attempt_at = coalesce(now() + make_interval(secs => r.delay), j.next_attempt_at),
            failure_reason = r.failure_reason,
            last_result = r.last_result,
            sent_at = CASE WHEN r.status = 'sent' THEN now() END,
@@ -142,7 +144,7 @@ WITH r AS (
            first_attempt_at = coalesce(j.first_attempt_at, j.claimed_at),
            claimed_by = NULL, claim_token = NULL, send_begun = NULL
       FROM r
-     WHERE j.id = r.job_id AND j.claim_token = r.claim_token AND j.status = 'sending'
+     WHERE j.broadcast_id IN ({b}) AND j.id = r.job_id AND j.claim_token = r.claim_token AND j.status = 'sending'
     RETURNING j.id, j.broadcast_id, j.next_attempt_at, j.status
 ), late AS (
     -- Rows disjoint from result's: one statement must not update a row twice. held: the job is
@@ -154,7 +156,7 @@ WITH r AS (
            last_result = r.last_result,
            provider_message_id = coalesce(r.provider_message_id, j.provider_message_id)
       FROM r
-     WHERE j.id = r.job_id AND r.ok AND j.status <> 'sent'
+     WHERE j.broadcast_id IN ({b}) AND j.id = r.job_id AND r.ok AND j.status <> 'sent'
        AND NOT EXISTS (SELECT FROM result x WHERE x.id = r.job_id)
     RETURNING j.id, j.claim_token IS NOT NULL AS held
 ), put_back AS (
@@ -204,8 +206,8 @@ WITH r AS (
     UPDATE broadcast_jobs j
        SET send_begun = true
       FROM campaigns c
-     WHERE j.id = ANY (%(begin_ids)s::bigint[]) AND j.status = 'sending'
-       AND j.claim_token = (%(begin_tokens)s::uuid[])[array_position(%(begin_ids)s::bigint[], j.id)]
+     WHERE j.broadcast_id IN ({b}) AND j.id = ANY (%(begin_ids)s::int8[]) AND j.status = 'sending'
+       AND j.claim_token = (%(begin_tokens)s::uuid[])[array_position(%(begin_ids)s::int8[], j.id)]
        AND c.broadcast_id = j.broadcast_id AND c.status = 'sending'
        AND c.id NOT IN (SELECT r.campaign_id FROM r WHERE r.pause_reason IS NOT NULL AND r.campaign_id IS NOT NULL)
     RETURNING j.id
@@ -225,17 +227,17 @@ SELECT r.job_id, x.id IS NOT NULL, l.id IS NOT NULL,
        (SELECT array_agg(id) FROM marked),
        (SELECT array_agg(c.id) FROM campaigns c
          WHERE c.id IN (SELECT campaign_id FROM r) AND c.status <> 'sending'),
-       set_config('synchronous_commit', %(synchronous_commit)s, true)
+       set_config('synchronous_commit', %(sync)s, true)
   FROM r LEFT JOIN result x ON x.id = r.job_id LEFT JOIN late l ON l.id = r.job_id;
 
 -- name: jobs_results_recorded
 -- After a lost connection or a server epoch change: which of these results did this node commit
 -- (the reply was lost, or a Postgres crash may have lost the commit since)? Each send's attempt
 -- row carries this node and the send's start time, so it identifies that one commit. Returns the
--- job ids found, with their claim_lost.
+-- job ids found, with their claim_lost. {b}: the jobs' broadcasts (queries.for_broadcasts).
 SELECT a.job_id, a.claim_lost
   FROM unnest(%(job_ids)s::bigint[], %(started_ats)s::timestamptz[]) AS r (job_id, started_at)
-  JOIN delivery_attempts a ON a.job_id = r.job_id AND a.node_id = %(node_id)s
+  JOIN delivery_attempts a ON a.broadcast_id IN ({b}) AND a.job_id = r.job_id AND a.node_id = %(node_id)s
                           AND a.started_at IS NOT DISTINCT FROM r.started_at;
 
 -- name: jobs_begin
@@ -244,12 +246,12 @@ SELECT a.job_id, a.claim_lost
 -- back to wait for their limit, as 'retry' due when it has room, with no attempt spent and nothing
 -- in doubt (their send never began). Both fenced by the claim token. A job whose campaign stopped
 -- sending since its claim (paused, cancelled: a job may wait on the deck) is neither: the caller
--- puts it back.
+-- puts it back. {b}: the jobs' broadcasts (queries.for_broadcasts).
 WITH begun AS (
     UPDATE broadcast_jobs j
        SET send_begun = true
       FROM campaigns c
-     WHERE j.id = ANY (%(begun_ids)s::bigint[]) AND j.claim_token = %(claim_token)s AND j.status = 'sending'
+     WHERE j.broadcast_id IN ({b}) AND j.id = ANY (%(begun_ids)s::bigint[]) AND j.claim_token = %(claim_token)s AND j.status = 'sending'
        AND c.broadcast_id = j.broadcast_id AND c.status = 'sending'
     RETURNING j.id
 ), held AS (
@@ -257,7 +259,7 @@ WITH begun AS (
        SET status = 'retry', next_attempt_at = h.due_at, send_begun = NULL,
            claimed_by = NULL, claim_token = NULL, claimed_at = NULL
       FROM unnest(%(held_ids)s::bigint[], %(held_due)s::timestamptz[]) AS h (id, due_at)
-     WHERE j.id = h.id AND j.claim_token = %(claim_token)s AND j.status = 'sending'
+     WHERE j.broadcast_id IN ({b}) AND j.id = h.id AND j.claim_token = %(claim_token)s AND j.status = 'sending'
     RETURNING j.id
 ), durable AS (
     SELECT set_config('synchronous_commit', 'on', true)
@@ -270,14 +272,14 @@ SELECT (SELECT array_agg(id) FROM begun), (SELECT count(*) FROM held), (SELECT 1
 -- server lost the claim (the job is pending or retry again) or its begin mark. Their results are
 -- then recorded as usual, and a death of this node leaves them in doubt, never silently pending.
 -- A job that someone else has claimed since, or that has a result, is left alone. Synchronous,
--- like a claim.
+-- like a claim. {b}: the jobs' broadcasts (queries.for_broadcasts).
 WITH taken AS (
     UPDATE broadcast_jobs j
        SET status = 'sending', claimed_by = %(node_id)s, claim_token = r.token,
            claimed_at = coalesce(j.claimed_at, now()), send_begun = true,
            claim_epoch = CASE WHEN %(async_results)s THEN (SELECT id FROM server_epoch) END
       FROM unnest(%(job_ids)s::bigint[], %(tokens)s::uuid[]) AS r (id, token)
-     WHERE j.id = r.id
+     WHERE j.broadcast_id IN ({b}) AND j.id = r.id
        AND (j.status IN ('pending', 'retry')
             OR (j.status = 'sending' AND j.claim_token = r.token AND j.send_begun IS NOT TRUE))
     RETURNING j.id
@@ -300,13 +302,13 @@ SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(k)) FROM unnest(%(keys)s::
 -- name: jobs_release
 -- Claimed jobs that were never started go back as they were (a shutdown, a pause, a lost claim).
 -- The lowest key going back to 'pending' in each broadcast is recorded in the same statement, so
--- no claim starts above it (migration 4).
+-- no claim starts above it (migration 4). {b}: the jobs' broadcasts (queries.for_broadcasts).
 WITH released AS (
     UPDATE broadcast_jobs j
        SET status = CASE WHEN j.attempts = 0 THEN 'pending' ELSE 'retry' END,
            claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_begun = NULL
       FROM unnest(%(job_ids)s::bigint[], %(claim_tokens)s::uuid[]) AS r(id, token)
-     WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'sending'
+     WHERE j.broadcast_id IN ({b}) AND j.id = r.id AND j.claim_token = r.token AND j.status = 'sending'
     RETURNING j.id, j.broadcast_id, j.next_attempt_at, j.status
 ), put_back AS (
     INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
