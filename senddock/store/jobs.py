@@ -149,13 +149,13 @@ class JobQueue:
         then ``begin``); None leaves the mark out (the caller sends the batch one at a time in id
         order, which says what began).
         """
-        broadcasts = [row[0] for row in self.conn.execute(query("jobs_claim_broadcasts"))]
+        broadcasts = self.sending_broadcasts()
         if not broadcasts:  # nothing sends: no claim to plan
             return []
         params = {"limit": limit, "node_id": self.node.id, "claim_token": token or uuid.uuid4(),
                   "async_results": self._synchronous_commit == "off", "begun": begun, "lease": self._lease}
         with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
-            jobs = cur.execute(for_broadcasts("jobs_claim", tuple(broadcasts)), params).fetchall()
+            jobs = cur.execute(for_broadcasts("jobs_claim", broadcasts), params).fetchall()
         return sorted(jobs, key=lambda j: j.id)
 
     def begin(self, token: uuid.UUID, begun: Sequence[ClaimedJob],
@@ -307,7 +307,8 @@ class JobQueue:
             taken = [row[0] for row in self.conn.execute(query("claim_floors_lock"))]
             if not taken:
                 return []
-            return [row[0] for row in self.conn.execute(query("claim_floors_raise"), {"broadcast_ids": taken})]
+            statement = for_broadcasts("claim_floors_raise", tuple(taken))
+            return [row[0] for row in self.conn.execute(statement, {"broadcast_ids": taken})]
 
     def pause_campaign(self, campaign_id: int, reason: str, *, auto_resume: bool = False, probe_in: float = 0.0) -> bool:
         params = {"campaign_id": campaign_id, "reason": reason, "auto_resume": auto_resume, "probe_in": probe_in}
@@ -338,8 +339,11 @@ class JobQueue:
         return row is not None
 
     def finish_campaigns(self, broadcast_id: int | None = None) -> list[tuple[int, int]]:
+        """Finish the campaign of ``broadcast_id`` (None: of every broadcast sending) if none of its
+        jobs is left to send."""
+        broadcasts = (broadcast_id,) if broadcast_id is not None else self.sending_broadcasts()
         with self.conn.transaction():
-            finished = self.conn.execute(query("campaigns_finish"), {"broadcast_id": broadcast_id}).fetchall()
+            finished = self.conn.execute(for_broadcasts("campaigns_finish", broadcasts)).fetchall()
             if finished:
                 self.conn.execute(query("broadcasts_finished_mark"), {"broadcast_ids": [b for _, b in finished]})
                 outbox.emit(self.conn, self.webhooks, [
@@ -362,7 +366,11 @@ class JobQueue:
         return folded
 
     def due_work_exists(self) -> bool:
-        return self.conn.execute(query("due_work_exists")).fetchone()[0]
+        return self.conn.execute(for_broadcasts("due_work_exists", self.sending_broadcasts())).fetchone()[0]
+
+    def sending_broadcasts(self) -> tuple[int, ...]:
+        """The broadcasts of the campaigns sending now: what the claim and the poll's statements name."""
+        return tuple(row[0] for row in self.conn.execute(query("jobs_claim_broadcasts")))
 
     def webhooks_due(self, endpoints: Sequence[str]) -> bool:
         """Webhook events of these endpoints due now (delivered by the node before it goes idle)."""

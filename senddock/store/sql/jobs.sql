@@ -528,19 +528,23 @@ RETURNING j.id;
 UPDATE campaigns c
    SET status = 'finished', finished_at = now(), updated_at = now()
  WHERE c.status = 'sending'
-   AND c.broadcast_id IS NOT NULL
-   AND (%(broadcast_id)s::bigint IS NULL OR c.broadcast_id = %(broadcast_id)s)
+   -- {b}: the broadcast whose results were committed, or those sending (jobs_claim_broadcasts),
+   -- as in jobs_claim (queries.for_broadcasts): each probe is planned over their partitions only.
+   AND c.broadcast_id IN ({b})
    -- One probe per unfinished state, each answered by its own small partial index. Pending jobs
    -- are looked for from the claim start (none is below it) in index order, as a claim would: not
    -- over the leftover entries of every job drained while a snapshot is open.
    AND NOT EXISTS (SELECT 1 FROM broadcast_claim_starts s
                     CROSS JOIN LATERAL (SELECT 1 FROM broadcast_jobs j
-                                         WHERE j.broadcast_id = s.broadcast_id AND j.status = 'pending'
+                                         WHERE j.broadcast_id = s.broadcast_id AND j.broadcast_id IN ({b})
+                                           AND j.status = 'pending'
                                            AND (j.next_attempt_at, j.id) >= (s.from_at, s.from_id)
                                          ORDER BY j.next_attempt_at, j.id LIMIT 1) j
                     WHERE s.broadcast_id = c.broadcast_id)
-   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'retry')
-   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.status = 'sending')
+   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.broadcast_id IN ({b})
+                                                    AND j.status = 'retry')
+   AND NOT EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id AND j.broadcast_id IN ({b})
+                                                    AND j.status = 'sending')
 RETURNING c.id, c.broadcast_id;
 
 -- name: claim_floors_lock
@@ -565,7 +569,8 @@ SELECT b.id
 -- put-back that commits after this snapshot is not visible to the DELETE either, so it stays and
 -- keeps the start below its job. With no pending job left, the floor is 'infinity' (only
 -- put-backs can bring one back, and they are recorded). A floor that moved is a new row, the one
--- it replaces is deleted (see migration 4 for why it is not updated in place).
+-- it replaces is deleted (see migration 4 for why it is not updated in place). {b}: broadcast_ids
+-- again, written in (queries.for_broadcasts): the walk is planned over their partitions only.
 WITH current AS (
     SELECT b.id AS broadcast_id, f.id AS floor_row, f.from_at, f.from_id
       FROM broadcasts b
@@ -588,7 +593,7 @@ WITH current AS (
       LEFT JOIN LATERAL (
           SELECT j.next_attempt_at, j.id
             FROM broadcast_jobs j
-           WHERE j.broadcast_id = st.broadcast_id AND j.status = 'pending'
+           WHERE j.broadcast_id = st.broadcast_id AND j.broadcast_id IN ({b}) AND j.status = 'pending'
              AND (j.next_attempt_at, j.id) >= (st.from_at, st.from_id)
            ORDER BY j.next_attempt_at, j.id
            LIMIT 1
@@ -608,18 +613,20 @@ RETURNING broadcast_id;
 UPDATE broadcasts SET finished_at = now() WHERE id = ANY(%(broadcast_ids)s) AND finished_at IS NULL;
 
 -- name: due_work_exists
--- Pending jobs from the claim start, in index order, as the claim looks for them.
+-- Pending jobs from the claim start, in index order, as the claim looks for them. {b}: the
+-- broadcasts sending (jobs_claim_broadcasts), as in jobs_claim.
 SELECT EXISTS (
     SELECT 1 FROM campaigns c
-    WHERE c.status = 'sending'
+    WHERE c.status = 'sending' AND c.broadcast_id IN ({b})
       AND (EXISTS (SELECT 1 FROM broadcast_claim_starts s
                     CROSS JOIN LATERAL (SELECT 1 FROM broadcast_jobs j
-                                         WHERE j.broadcast_id = s.broadcast_id AND j.status = 'pending'
+                                         WHERE j.broadcast_id = s.broadcast_id AND j.broadcast_id IN ({b})
+                                           AND j.status = 'pending'
                                            AND (j.next_attempt_at, j.id) >= (s.from_at, s.from_id)
                                          ORDER BY j.next_attempt_at, j.id LIMIT 1) j
                     WHERE s.broadcast_id = c.broadcast_id)
            OR EXISTS (SELECT 1 FROM broadcast_jobs j WHERE j.broadcast_id = c.broadcast_id
-                      AND j.status = 'retry' AND j.next_attempt_at <= now()))
+                      AND j.broadcast_id IN ({b}) AND j.status = 'retry' AND j.next_attempt_at <= now()))
 );
 
 -- name: bounces_pending
