@@ -248,7 +248,7 @@ class JobQueue:
 
     def in_flight_by_domain(self) -> dict[str, int]:
         """Sends in flight in the whole cluster, by recipient domain."""
-        return dict(self.conn.execute(query("jobs_in_flight_by_domain")).fetchall())
+        return dict(self.conn.execute(for_broadcasts("jobs_in_flight_by_domain", self.open_broadcasts())).fetchall())
 
     def lock_concurrency(self, keys: Sequence[str]) -> None:
         """Inside a transaction: serialize with every node counting the same groups' room."""
@@ -291,8 +291,9 @@ class JobQueue:
             "orphans": orphans_of is not None,
             "held_tokens": list(orphans_of or ()),
         }
+        statement = for_broadcasts("jobs_recover", self.open_broadcasts())
         with self.conn.cursor(row_factory=class_row(RecoveredJob)) as cur:
-            return cur.execute(query("jobs_recover"), params).fetchall()
+            return cur.execute(statement, params).fetchall()
 
     def raise_claim_floors(self) -> list[int]:
         """Move the claim floor of every sending broadcast (and of any with put-backs) that this node
@@ -367,6 +368,10 @@ class JobQueue:
 
     def due_work_exists(self) -> bool:
         return self.conn.execute(for_broadcasts("due_work_exists", self.sending_broadcasts())).fetchone()[0]
+
+    def open_broadcasts(self) -> tuple[int, ...]:
+        """The broadcasts whose campaigns have not finished: the only ones with jobs 'sending'."""
+        return tuple(row[0] for row in self.conn.execute(query("jobs_open_broadcasts")))
 
     def sending_broadcasts(self) -> tuple[int, ...]:
         """The broadcasts of the campaigns sending now: what the claim and the poll's statements name."""

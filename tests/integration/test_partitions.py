@@ -133,8 +133,9 @@ def partitions_in(plan: str) -> set[str]:
 
 def test_the_send_paths_statements_touch_only_their_broadcasts_partitions(senddock_app, database_dsn):
     """Three broadcasts, one sending: the claim, the result commit (in the generic plan psycopg's
-    prepared statement gets), the begin marks, the release and the reclaim are planned over the
-    sending broadcast's partition alone."""
+    prepared statement gets), the begin marks, the release, the reclaim, and the poll's recovery,
+    in-flight count, finish check, due-work probe and floor raise are planned over the sending
+    broadcast's partitions alone."""
     ended = [make_broadcast(senddock_app, [f"old{n}-{i}@example.com" for i in range(3)], list_name=f"old{n}",
                             name=f"Old {n}") for n in range(2)]
     make_broadcast(senddock_app, [f"user{i}@example.com" for i in range(20)], list_name="news", name="Now")
@@ -150,8 +151,13 @@ def test_the_send_paths_statements_touch_only_their_broadcasts_partitions(senddo
         ids = {"job_ids": [1, 2], "claim_tokens": [uuid.uuid4()] * 2, "tokens": [uuid.uuid4()] * 2,
                "node_id": node, "async_results": True, "begun_ids": [1], "held_ids": [2],
                "held_due": [None], "claim_token": uuid.uuid4(), "started_ats": [None, None]}
+        recover = {"node_id": node, "name": "plan", "lease": 1.0, "in_doubt": "retry", "max_rescues": 3,
+                   "lock_class": 1, "dead_nodes": True, "orphans": True, "held_tokens": []}
+        assert tuple(row[0] for row in conn.execute(query("jobs_open_broadcasts"))) == sending
         for name, params in (("jobs_claim", claim), ("jobs_begin", ids), ("jobs_release", ids),
-                             ("jobs_reclaim", ids), ("jobs_results_recorded", ids)):
+                             ("jobs_reclaim", ids), ("jobs_results_recorded", ids), ("jobs_recover", recover),
+                             ("jobs_in_flight_by_domain", {}), ("campaigns_finish", {}), ("due_work_exists", {}),
+                             ("claim_floors_raise", {"broadcast_ids": list(sending)})):
             with conn.transaction(force_rollback=True):
                 plan = "\n".join(r[0] for r in conn.execute(
                     "EXPLAIN (ANALYZE) " + for_broadcasts(name, sending), params))

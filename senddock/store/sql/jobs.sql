@@ -288,10 +288,19 @@ WITH taken AS (
 )
 SELECT (SELECT array_agg(id) FROM taken), (SELECT 1 FROM durable);
 
+-- name: jobs_open_broadcasts
+-- The broadcasts that may have jobs 'sending': those of every campaign not finished (paused and
+-- cancelled ones too: their jobs in flight end later). A finished campaign has none: campaigns_finish
+-- waits for them. What recovery and the in-flight count name, so as to skip the partitions of
+-- broadcasts that ended (migration 18).
+SELECT broadcast_id FROM campaigns WHERE status <> 'finished' AND broadcast_id IS NOT NULL ORDER BY broadcast_id;
+
 -- name: jobs_in_flight_by_domain
 -- Sends in flight in the whole cluster (marked begun, not recorded), by recipient domain: what
--- a domain group's `concurrency` counts. Walks the small 'sending' index only.
-SELECT domain, count(*) FROM broadcast_jobs WHERE status = 'sending' AND send_begun GROUP BY domain;
+-- a domain group's `concurrency` counts. Walks the small 'sending' index only, of the broadcasts
+-- of jobs_open_broadcasts ({b}, as in jobs_claim).
+SELECT domain, count(*) FROM broadcast_jobs WHERE broadcast_id IN ({b}) AND status = 'sending' AND send_begun
+ GROUP BY domain;
 
 -- name: concurrency_locks
 -- One transaction-scoped lock per domain group with a concurrency limit, taken in key order (no
@@ -334,7 +343,8 @@ SELECT id FROM released;
 -- batch claimed without marks (send_begun NULL: sent one at a time in id order), the lowest-id job
 -- still 'sending', or every job of it when it was claimed in an earlier server epoch (the server
 -- lost the end of its WAL since: any of the batch's results may be gone). In-doubt jobs are
--- recorded as such, then retried or failed; the others go back as they were.
+-- recorded as such, then retried or failed; the others go back as they were. Only the partitions of
+-- jobs_open_broadcasts are looked in ({b}, as in jobs_claim): no other broadcast has a job 'sending'.
 WITH epoch AS MATERIALIZED (
     -- A lock proves something only if it could have been taken in this server's current life:
     -- since its last start (locks die with it) and since its last loss of WAL (crash-restarts
@@ -360,7 +370,7 @@ WITH epoch AS MATERIALIZED (
     SELECT j.id, j.claim_token, j.claimed_by, j.claimed_at, j.send_begun,
            j.claim_epoch IS NOT NULL AND j.claim_epoch IS DISTINCT FROM (SELECT id FROM epoch) AS wal_lost
     FROM broadcast_jobs j
-    WHERE j.status = 'sending'
+    WHERE j.broadcast_id IN ({b}) AND j.status = 'sending'
       AND (j.claimed_by IN (SELECT id FROM dead)
            OR (%(orphans)s AND j.claimed_by = %(node_id)s
                AND j.claim_token <> ALL (%(held_tokens)s::uuid[])
@@ -402,7 +412,7 @@ WITH epoch AS MATERIALIZED (
                               ELSE 'in doubt: its node died while sending' END,
            claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_begun = NULL
       FROM victims v
-     WHERE j.id = v.id AND j.status = 'sending' AND j.claim_token = v.claim_token
+     WHERE j.broadcast_id IN ({b}) AND j.id = v.id AND j.status = 'sending' AND j.claim_token = v.claim_token
        AND (j.claimed_by IN (SELECT id FROM dead) OR j.claimed_by = %(node_id)s)
     RETURNING j.id, j.broadcast_id, j.email, j.status, j.failure_reason, j.attempts, j.last_result,
               j.next_attempt_at, v.started, v.claimed_at, v.claimed_by
