@@ -2,7 +2,7 @@
 the same as on the unpartitioned table of migration 17.
 
     python bench/partition_claim.py [--dsn ADMIN_DSN | --embedded] [--ended 500] [--ended-jobs 20]
-                                    [--small 20000] [--claims 1000]
+                                    [--small 20000] [--claims 1000] [--flat-sql OLD/senddock/store/sql/jobs.sql]
 
 Three scratch databases on one server, in one run, each holding one sending campaign of --small
 jobs:
@@ -15,6 +15,10 @@ its fifth run, as in a node. Each pass times --claims calls of JobQueue.claim(5)
 claim by claim (the second pass in the reverse order; the best of the two medians is kept), and
 marks each claimed batch sent (untimed) so the next claim finds work. Prints the median claim
 latency of each side and the ratios many/flat and many/one (target: within 1.1).
+
+The flat side claims with this checkout's JobQueue.claim, or with --flat-sql, with the jobs_claim
+statement of that file (e.g. the main branch's, from before the partitions) as it was sent then: the
+claim of the old code on the old table against the new code on the partitioned one.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from contextlib import ExitStack
 
 import psycopg
 from common import admin_dsn, bench_parser, fill_list
+from psycopg.rows import class_row
 
 from senddock.cli.logs import configure_logging
 from senddock.store import migrations
-from senddock.store.jobs import JobQueue
+from senddock.store.jobs import ClaimedJob, JobQueue
+from senddock.store.queries import _HEADER, without_comments
 from senddock.store.node_identity import NodeIdentity
 from senddock.testing import create_database, drop_database, migrate_database
 
@@ -92,7 +98,22 @@ def reset(conn: psycopg.Connection, broadcast_id: int) -> None:
     conn.execute("VACUUM ANALYZE broadcast_jobs")
 
 
-def claim_once(conn: psycopg.Connection, queue: JobQueue, broadcast_id: int) -> float:
+class OldClaim:
+    """JobQueue.claim as it was: one statement, jobs_claim of an older jobs.sql, unchanged."""
+
+    def __init__(self, conn: psycopg.Connection, node: NodeIdentity, path: str) -> None:
+        parts = _HEADER.split(open(path, encoding="utf-8").read())
+        self.statement = without_comments(dict(zip(parts[1::2], parts[2::2]))["jobs_claim"]).rstrip(";")
+        self.conn, self.node = conn, node
+
+    def claim(self, limit: int) -> list[ClaimedJob]:
+        params = {"limit": limit, "node_id": self.node.id, "claim_token": uuid.uuid4(), "async_results": True,
+                  "begun": None, "lease": 30.0}
+        with self.conn.cursor(row_factory=class_row(ClaimedJob)) as cur:
+            return cur.execute(self.statement, params).fetchall()
+
+
+def claim_once(conn: psycopg.Connection, queue: JobQueue | OldClaim, broadcast_id: int) -> float:
     started = time.perf_counter()
     jobs = queue.claim(BATCH)
     seconds = time.perf_counter() - started
@@ -102,10 +123,12 @@ def claim_once(conn: psycopg.Connection, queue: JobQueue, broadcast_id: int) -> 
     return seconds
 
 
-def time_claims(sides: dict, order: list[str], claims: int) -> dict[str, float]:
+def time_claims(sides: dict, order: list[str], claims: int, flat_sql: str | None) -> dict[str, float]:
     for conn, _, broadcast_id in sides.values():
         reset(conn, broadcast_id)
-    queues = {label: JobQueue(conn, node) for label, (conn, node, _) in sides.items()}
+    # One queue per side for the whole pass, as a node's claimer keeps one per connection.
+    queues = {label: OldClaim(conn, node, flat_sql) if label == "flat" and flat_sql else JobQueue(conn, node)
+              for label, (conn, node, _) in sides.items()}
     latencies: dict[str, list[float]] = {label: [] for label in order}
     for _ in range(claims):
         for label in order:
@@ -120,6 +143,7 @@ def main() -> None:
     parser.add_argument("--ended-jobs", type=int, default=20, help="jobs of each finished broadcast")
     parser.add_argument("--small", type=int, default=20_000, help="jobs of the sending campaign")
     parser.add_argument("--claims", type=int, default=1_000, help="claims per side in each of the two passes")
+    parser.add_argument("--flat-sql", help="a jobs.sql whose jobs_claim the flat side runs (the old code)")
     args = parser.parse_args()
     configure_logging("warning", "json")
     if args.claims * BATCH > args.small:
@@ -143,7 +167,7 @@ def main() -> None:
             sides[label] = (stack.enter_context(psycopg.connect(dsn, autocommit=True)), node, broadcast_id)
         medians: dict[str, float] = {}
         for order in (["flat", "one", "many"], ["many", "one", "flat"]):
-            result = time_claims(sides, order, args.claims)
+            result = time_claims(sides, order, args.claims, args.flat_sql)
             for label, median in result.items():
                 medians[label] = min(medians.get(label, float("inf")), median)
             print("  " + ", ".join(f"{label} {result[label] * 1e3:.3f} ms" for label in order), file=sys.stderr,
@@ -153,7 +177,8 @@ def main() -> None:
           f"partitioned with 1 broadcast, {ms['many']} ms partitioned beside {args.ended}: "
           f"many/flat {medians['many'] / medians['flat']:.2f}x, many/one {medians['many'] / medians['one']:.2f}x "
           f"(target within 1.1x)")
-    print(json.dumps({"benchmark": "partition_claim", "ended_broadcasts": args.ended, "ended_jobs": args.ended_jobs,
+    print(json.dumps({"benchmark": "partition_claim", "flat_claim": "--flat-sql" if args.flat_sql else "this checkout's",
+                      "ended_broadcasts": args.ended, "ended_jobs": args.ended_jobs,
                       "sending_jobs": args.small, "claims": args.claims, "batch": BATCH,
                       "median_claim_ms": ms, "many_over_flat": round(medians["many"] / medians["flat"], 2),
                       "many_over_one": round(medians["many"] / medians["one"], 2)}))
