@@ -292,7 +292,8 @@ class JobQueue:
     def release_claim(self, token: uuid.UUID) -> int:
         """Put back what is left of a batch none of whose sends began (its claim may not even
         have committed: the connection broke first)."""
-        rows = self.conn.execute(query("jobs_release_claim"), {"node_id": self.node.id, "claim_token": token}).fetchall()
+        statement = for_broadcasts("jobs_release_claim", self.open_broadcasts())
+        rows = self.conn.execute(statement, {"node_id": self.node.id, "claim_token": token}).fetchall()
         return len(rows)
 
     def recover(

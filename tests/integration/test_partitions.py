@@ -157,6 +157,7 @@ def test_the_send_paths_statements_touch_only_their_broadcasts_partitions(senddo
         for name, params in (("jobs_claim", claim), ("jobs_begin", ids), ("jobs_release", ids),
                              ("jobs_reclaim", ids), ("jobs_results_recorded", ids), ("jobs_recover", recover),
                              ("jobs_in_flight_by_domain", {}), ("campaigns_finish", {}), ("due_work_exists", {}),
+                             ("jobs_release_claim", ids),
                              ("claim_floors_raise", {"broadcast_ids": list(sending)})):
             with conn.transaction(force_rollback=True):
                 plan = "\n".join(r[0] for r in conn.execute(

@@ -707,12 +707,12 @@ DELETE FROM tallies WHERE shard = 0 AND n = 0;
 -- name: jobs_release_claim
 -- A batch whose claim (or whose connection) was lost before any of its sends began: whatever of
 -- it is still this node's goes back as it was, not in doubt. Walks the small 'sending' index.
--- Put-backs to 'pending' are recorded as in jobs_release.
+-- Put-backs to 'pending' are recorded as in jobs_release. {b}: jobs_open_broadcasts, as in jobs_recover.
 WITH released AS (
     UPDATE broadcast_jobs
        SET status = CASE WHEN attempts = 0 THEN 'pending' ELSE 'retry' END,
            claimed_by = NULL, claim_token = NULL, claimed_at = NULL, send_begun = NULL
-     WHERE claimed_by = %(node_id)s AND status = 'sending' AND claim_token = %(claim_token)s
+     WHERE broadcast_id IN ({b}) AND claimed_by = %(node_id)s AND status = 'sending' AND claim_token = %(claim_token)s
     RETURNING id, broadcast_id, next_attempt_at, status
 ), put_back AS (
     INSERT INTO claim_putbacks (broadcast_id, next_attempt_at, job_id)
