@@ -82,7 +82,7 @@ class EnqueueResult:
 
 @dataclass(frozen=True)
 class CampaignStatus:
-    """Counts straight from the broadcast's jobs (failed includes bounced; skipped kept on the broadcast)."""
+    """The broadcast's counts, from the tallies its jobs keep (failed includes bounced; skipped kept on the broadcast)."""
 
     campaign_id: int
     status: str
