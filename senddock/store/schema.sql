@@ -419,6 +419,44 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.tallies_members_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO tallies AS t (subject, key, shard, n)
+        SELECT 'members', ARRAY[x.list_id::text, x.status], pg_backend_pid(), count(*)
+          FROM (SELECT r.list_id, s.status FROM new_rows r JOIN subscribers s ON s.id = r.subscriber_id
+                   FOR SHARE OF s) x
+         GROUP BY 2 ORDER BY 2
+        ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
+    ELSE
+        INSERT INTO tallies AS t (subject, key, shard, n)
+        SELECT 'members', ARRAY[x.list_id::text, x.status], pg_backend_pid(), -count(*)
+          FROM (SELECT r.list_id, s.status FROM old_rows r JOIN subscribers s ON s.id = r.subscriber_id
+                   FOR SHARE OF s) x
+         GROUP BY 2 ORDER BY 2
+        ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
+    END IF;
+    RETURN NULL;
+END $function$;
+
+CREATE OR REPLACE FUNCTION public.tallies_subscriber_status_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    INSERT INTO tallies AS t (subject, key, shard, n)
+    SELECT 'members', c.key, pg_backend_pid(), sum(c.n)
+      FROM (SELECT ARRAY[m.list_id::text, OLD.status] AS key, -1 AS n FROM list_members m WHERE m.subscriber_id = OLD.id
+            UNION ALL
+            SELECT ARRAY[m.list_id::text, NEW.status], 1 FROM list_members m WHERE m.subscriber_id = NEW.id) c
+     GROUP BY 2 ORDER BY 2
+    ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
+    RETURN NULL;
+END $function$;
+
 CREATE OR REPLACE FUNCTION public.tallies_suppressions_changed()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -450,6 +488,9 @@ CREATE TRIGGER tallies_jobs_inserted AFTER INSERT ON broadcast_jobs REFERENCING 
 CREATE TRIGGER tallies_jobs_updated AFTER UPDATE ON broadcast_jobs REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_jobs_changed();
 CREATE TRIGGER campaigns_status_event AFTER UPDATE OF status, paused_reason ON campaigns FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR new.status = 'paused'::text AND old.paused_reason IS DISTINCT FROM new.paused_reason) EXECUTE FUNCTION senddock_campaign_event();
 CREATE TRIGGER tallies_events_inserted AFTER INSERT ON delivery_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_events_added();
+CREATE TRIGGER tallies_members_deleted AFTER DELETE ON list_members REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_members_changed();
+CREATE TRIGGER tallies_members_inserted AFTER INSERT ON list_members REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_members_changed();
+CREATE TRIGGER tallies_subscriber_status_changed AFTER UPDATE OF status ON subscribers FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status) EXECUTE FUNCTION tallies_subscriber_status_changed();
 CREATE TRIGGER tallies_suppressions_deleted AFTER DELETE ON suppressions REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_suppressions_changed();
 CREATE TRIGGER tallies_suppressions_inserted AFTER INSERT ON suppressions REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_suppressions_changed();
 CREATE TRIGGER tallies_suppressions_updated AFTER UPDATE ON suppressions REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_suppressions_changed();
