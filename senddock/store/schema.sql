@@ -86,9 +86,12 @@ CREATE TABLE campaigns (
     bounce_window_from bigint,
     bounce_count_from bigint DEFAULT 0 NOT NULL,
     send_rate text,
+    pruned_at timestamp with time zone,
+    final_counts jsonb,
     CONSTRAINT campaigns_pkey PRIMARY KEY (id),
     CONSTRAINT campaigns_check CHECK (text_body IS NOT NULL OR html_body IS NOT NULL),
     CONSTRAINT campaigns_name_check CHECK (name <> ''::text),
+    CONSTRAINT campaigns_pruned_check CHECK ((pruned_at IS NULL) = (final_counts IS NULL) AND (pruned_at IS NULL OR (status = ANY (ARRAY['finished'::text, 'cancelled'::text])))),
     CONSTRAINT campaigns_status_check CHECK (status = ANY (ARRAY['draft'::text, 'scheduled'::text, 'sending'::text, 'paused'::text, 'cancelled'::text, 'finished'::text])),
     CONSTRAINT campaigns_broadcast_fk FOREIGN KEY (broadcast_id) REFERENCES broadcasts(id)
 );
@@ -427,15 +430,13 @@ BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO tallies AS t (subject, key, shard, n)
         SELECT 'members', ARRAY[x.list_id::text, x.status], pg_backend_pid(), count(*)
-          FROM (SELECT r.list_id, s.status FROM new_rows r JOIN subscribers s ON s.id = r.subscriber_id
-                   FOR SHARE OF s) x
+          FROM (SELECT r.list_id, s.status FROM new_rows r JOIN subscribers s ON s.id = r.subscriber_id) x
          GROUP BY 2 ORDER BY 2
         ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
     ELSE
         INSERT INTO tallies AS t (subject, key, shard, n)
         SELECT 'members', ARRAY[x.list_id::text, x.status], pg_backend_pid(), -count(*)
-          FROM (SELECT r.list_id, s.status FROM old_rows r JOIN subscribers s ON s.id = r.subscriber_id
-                   FOR SHARE OF s) x
+          FROM (SELECT r.list_id, s.status FROM old_rows r JOIN subscribers s ON s.id = r.subscriber_id) x
          GROUP BY 2 ORDER BY 2
         ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
     END IF;
@@ -447,6 +448,7 @@ CREATE OR REPLACE FUNCTION public.tallies_subscriber_status_changed()
  LANGUAGE plpgsql
 AS $function$
 BEGIN
+    PERFORM FROM subscribers WHERE id = NEW.id FOR UPDATE;  -- see the header: then read its lists
     INSERT INTO tallies AS t (subject, key, shard, n)
     SELECT 'members', c.key, pg_backend_pid(), sum(c.n)
       FROM (SELECT ARRAY[m.list_id::text, OLD.status] AS key, -1 AS n FROM list_members m WHERE m.subscriber_id = OLD.id

@@ -13,7 +13,8 @@ ON CONFLICT DO NOTHING;
 SELECT c.id, c.name, c.subject, c.from_addr, c.reply_to, c.text_body, c.html_body, c.status,
        c.paused_reason, c.broadcast_id, c.send_at, c.created_at, c.started_at, c.finished_at,
        c.paused_at, c.auto_resume, c.probe_at, c.probes, c.probe_result, c.bounce_window_from,
-       c.send_rate, coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists
+       c.send_rate, coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists,
+       c.pruned_at, c.final_counts
 FROM campaigns c
 LEFT JOIN campaign_lists cl ON cl.campaign_id = c.id
 LEFT JOIN lists l ON l.id = cl.list_id
