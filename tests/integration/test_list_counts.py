@@ -65,7 +65,7 @@ def test_the_migration_counts_the_members_a_database_already_has(postgres_server
                          "CASE WHEN n % 10 = 0 THEN 'unsubscribed' ELSE 'active' END FROM generate_series(1, 500) n")
             conn.execute("INSERT INTO list_members (list_id, subscriber_id) SELECT l.id, s.id FROM lists l, subscribers s "
                          "WHERE l.name = 'news' OR s.id % 2 = 0")
-            assert [m.version for m in migrations.migrate(conn)] == [18]
+            assert [m.version for m in migrations.migrate(conn)][0] == 18  # and any after it
             before = counted(conn)
             conn.execute("UPDATE subscribers SET status = 'blocklisted' WHERE id = 4")
             after = counted(conn)
