@@ -51,11 +51,12 @@ def make_history(app, dsn: str, broadcasts: int, recipients: int) -> None:
         app.send_campaign(campaign_id, require_unsubscribe=False)
         with psycopg.connect(dsn, autocommit=True) as conn:
             broadcast_id = conn.execute("SELECT broadcast_id FROM campaigns WHERE id = %s", (campaign_id,)).fetchone()[0]
-            conn.execute("UPDATE broadcast_jobs SET status = 'sent', attempts = 1, sent_at = now(), "
+            conn.execute("UPDATE broadcast_jobs SET status = 'sent', attempts = 1, sent_at = now() - interval '100 days', "
                          "provider_message_id = 'p' || id WHERE broadcast_id = %s", (broadcast_id,))
-            conn.execute("INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, started_at, outcome, "
-                         "smtp_code, message) SELECT id, broadcast_id, 1, 'history', now(), 'sent', 250, "
-                         "'2.0.0 Ok: queued as ABCDEF' FROM broadcast_jobs WHERE broadcast_id = %s", (broadcast_id,))
+            conn.execute("INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, started_at, finished_at, "
+                         "outcome, smtp_code, message) SELECT id, broadcast_id, 1, 'history', now() - interval '100 days', "
+                         "now() - interval '100 days', 'sent', 250, '2.0.0 Ok: queued as ABCDEF' FROM broadcast_jobs "
+                         "WHERE broadcast_id = %s", (broadcast_id,))
             conn.execute("UPDATE campaigns SET status = 'finished', finished_at = now() - interval '100 days' "
                          "WHERE id = %s", (campaign_id,))
         print(f"history: broadcast {number + 1}/{broadcasts} of {recipients:,}", flush=True)
