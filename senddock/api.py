@@ -21,7 +21,7 @@ from senddock.config import Config
 from senddock.loading import load_config
 from senddock.config.digest import config_digest
 from senddock.domain import campaign_control, campaigns, drafts, events, lists, sending, subscribers
-from senddock.store import migrations
+from senddock.store import migrations, retention
 from senddock.core import nodes, results
 from senddock.domain.campaigns import (
     Campaign,
@@ -385,6 +385,16 @@ class Senddock:
         with self._conn() as conn:
             return campaign_control.delivery_log(conn, campaign_id, email=email, outcome=outcome, in_doubt=in_doubt,
                                                  limit=limit)
+
+    def prune(self, *, dry_run: bool = False) -> retention.PruneReport:
+        """Prune what the config's retention says is due now (see senddock.store.retention)."""
+        with self._conn() as conn:
+            return retention.prune_due(conn, self.config.retention, dry_run=dry_run)
+
+    def prune_campaign(self, campaign_id: int, *, dry_run: bool = False) -> retention.Pruned:
+        """Prune one ended campaign's broadcast detail now, whatever its age."""
+        with self._conn() as conn:
+            return retention.prune_campaign(conn, campaign_id, dry_run=dry_run)
 
     def nodes(self) -> list[dict[str, Any]]:
         """Live and recently seen nodes; ``config_matches``: whether a node's config digest equals

@@ -1,12 +1,12 @@
-"""Durations written as ``30s``, ``2m``, ``1h30m``, ``250ms``, ``1d``."""
+"""Durations written as ``30s``, ``2m``, ``1h30m``, ``250ms``, ``1d``, ``2w``, ``2y`` (a year: 365 days)."""
 
 from __future__ import annotations
 
 import re
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d))+")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0, "y": 365 * 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_WHOLE = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w|y))+")
 
 
 def is_duration(text: object) -> bool:

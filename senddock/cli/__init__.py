@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from senddock import __version__
-from senddock.cli import addresses, admin, argtypes, bounces, commands, control, drafts, engine, events, mail, webhooks
+from senddock.cli import addresses, admin, argtypes, bounces, commands, control, drafts, engine, events, mail, retention, webhooks
 from senddock.cli.logs import configure_logging, flush_logs
 from senddock.cli.output import Output
 from senddock.cli.words import FLAGS
@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                          parser_class=_Parser), command)
     admin.add_commands(sub.add_parser("admin", help="the web dashboard's operator account").add_subparsers(
         dest="subcommand", metavar="SUBCOMMAND", required=True, parser_class=_Parser), command)
+    retention.add_commands(sub, command, _positive_int)
     webhooks.add_commands(sub.add_parser("webhooks", help="outgoing webhooks: their endpoints and events"
                                          ).add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True,
                                                           parser_class=_Parser), command)

@@ -216,6 +216,12 @@ def subscribers_show(args: argparse.Namespace, out: Output) -> int:
 def campaign_log(args: argparse.Namespace, out: Output) -> int:
     with open_senddock(args) as sd:
         rows = sd.delivery_log(args.id, email=args.email, outcome=args.outcome, in_doubt=args.in_doubt)
+        pruned_at = None if rows else sd.campaign_status(args.id).pruned_at
+    if pruned_at is not None:
+        out.result({"campaign_id": args.id, "attempts": [], "pruned_at": pruned_at},
+                   f"campaign {args.id}'s per-recipient detail was pruned on {pruned_at:%Y-%m-%d} (retention); "
+                   f"`senddock campaign status {args.id}` has its counts")
+        return EXIT_OK
     if args.in_doubt:
         emails = sorted({r["email"] for r in rows})
         out.result({"campaign_id": args.id, "in_doubt": emails, "attempts": rows},

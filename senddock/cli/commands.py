@@ -319,6 +319,9 @@ def campaign_status(args: argparse.Namespace, out: Output) -> int:
         for reason, count in status.failed_by_reason.items():
             lines.append(f"  failed {reason}: {count}")
         lines.append(bounce_line(status.bounce_summary))
+        if status.pruned_at is not None:
+            lines.append(f"per-recipient detail pruned on {status.pruned_at:%Y-%m-%d} (retention): these counts are "
+                         "those it had")
         if status.pacing:
             lines.append(pacing_table(status.pacing))
         return "\n".join(lines)

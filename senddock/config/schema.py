@@ -13,11 +13,16 @@ from senddock.durations import is_duration
 from senddock.sizes import is_size
 
 
-def _duration_keyword(validator: Any, enabled: bool, instance: Any, schema: Mapping) -> Iterator[Any]:
-    if enabled and isinstance(instance, str) and not is_duration(instance):
-        from jsonschema import ValidationError
+def _duration_keyword(validator: Any, enabled: bool | str, instance: Any, schema: Mapping) -> Iterator[Any]:
+    """``"duration": true``; ``"duration": "or forever"`` also takes the word ``forever``."""
+    if not enabled or not isinstance(instance, str) or is_duration(instance):
+        return
+    if enabled == "or forever" and instance == "forever":
+        return
+    from jsonschema import ValidationError
 
-        yield ValidationError(_not_a_duration(instance))
+    message = _not_a_duration(instance)
+    yield ValidationError(message + (", or forever" if enabled == "or forever" else ""))
 
 
 def _not_a_duration(value: Any) -> str:

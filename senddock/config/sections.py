@@ -59,6 +59,20 @@ class RecoverySettings:
 
 
 @dataclass(frozen=True)
+class RetentionSettings:
+    """How long per-recipient history is kept, in seconds; None: forever."""
+
+    broadcasts: float | None
+    inbound_mail: float | None
+    campaign_events: float | None
+    every: float
+
+
+def _kept(value: str) -> float | None:
+    return None if value == "forever" else parse_duration(value)
+
+
+@dataclass(frozen=True)
 class LoggingSettings:
     level: str
     format: str
@@ -130,6 +144,12 @@ class Config:
             pool_mode=db["pool_mode"],
             stuck_after=parse_duration(db["stuck_after"]),
         )
+
+    @property
+    def retention(self) -> RetentionSettings:
+        r = self.data["retention"]
+        return RetentionSettings(broadcasts=_kept(r["broadcasts"]), inbound_mail=_kept(r["inbound_mail"]),
+                                 campaign_events=_kept(r["campaign_events"]), every=parse_duration(r["every"]))
 
     @property
     def retry(self) -> RetrySettings:

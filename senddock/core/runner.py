@@ -40,6 +40,7 @@ from senddock.core.nodes import Lifeline
 from senddock.store.node_identity import NodeIdentity
 from senddock.core.pacing_gate import PacingGate
 from senddock.store.jobs import JobQueue
+from senddock.core.pruner import Pruner
 from senddock.core.senders import Senders
 from senddock.core.waits import Waits, Watchdog
 from senddock.errors import ConfigError, DatabaseError, SenddockError, error_line
@@ -112,6 +113,7 @@ class Runner:
         self.watchdog = Watchdog(self.waits, stuck_after=config.database.stuck_after, connect=self._watchdog_connection,
                                  gauge=self.metrics.database_wait)
         self.prober = Prober(config, self.db, self.queue, self.stopping, self.wake_workers)
+        self.pruner = Pruner(self.db, config.retention, self.metrics)  # history past its retention goes
         self.halts = Halts()  # campaigns stopped since their next jobs were marked (see inflight.RUNWAY)
         self.gate = PacingGate(config.pacing, config.transport)
         self.aftercare = Aftercare(config, self.db, self.queue, self.stats, self.metrics, self.halts,
@@ -199,6 +201,7 @@ class Runner:
                  config_digest=short_digest(self.lifeline.config_digest))
         self.metrics.name_node(self.node.name)
         self.watchdog.start()
+        self.pruner.start()
         self._serve_health()
         self._chores()  # recover earlier incarnations of this node at once, before any claim
         self._start_pipeline()
@@ -377,6 +380,7 @@ class Runner:
 
     def _shutdown(self) -> None:
         self.request_stop()
+        self.pruner.stop()  # a prune under way finishes its campaign (one transaction each)
         self.deliverers.stop()  # events not delivered yet stay in the outbox for any node
         deadline = time.monotonic() + self.config.shutdown_timeout
         if self.claimer is not None:
@@ -394,6 +398,8 @@ class Runner:
         if self.prober.is_alive():
             self.prober.join(max(1.0, deadline - time.monotonic()))
         self.deliverers.join()
+        if self.pruner.is_alive():
+            self.pruner.join(max(1.0, deadline - time.monotonic()))
         self.lifeline.stop()
         self.lifeline.join(5)
         self.watchdog.stop()  # last: a stop that waits on a stuck commit is reported too

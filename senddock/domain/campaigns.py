@@ -51,6 +51,9 @@ class Campaign:
     bounce_window_from: int | None
     send_rate: str | None  # its own rate as stored: `100/min`, `100/min burst 5` (send_rate_text)
     lists: list[str]
+    # When its broadcast's per-recipient rows were pruned (retention), and the counts kept then.
+    pruned_at: datetime | None = None
+    final_counts: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class EnqueueResult:
 
 @dataclass(frozen=True)
 class CampaignStatus:
-    """Counts straight from the broadcast's jobs (failed includes bounced; skipped kept on the broadcast)."""
+    """The broadcast's counts, from the tallies its jobs keep (failed includes bounced; skipped kept on the broadcast)."""
 
     campaign_id: int
     status: str
@@ -114,6 +117,8 @@ class CampaignStatus:
     # Per pacing limit, rate configured / effective / measured (senddock.domain.pacing_status); empty
     # when no limit is configured.
     pacing: tuple[LimitStatus, ...] = ()
+    # When the per-recipient rows were pruned (retention): the counts above are those kept then.
+    pruned_at: datetime | None = None
 
     @property
     def reached(self) -> int:
@@ -407,6 +412,8 @@ def campaign_status(conn: psycopg.Connection, campaign_id: int) -> CampaignStatu
                     last_probe=campaign.probe_result)
     if campaign.broadcast_id is None:
         return CampaignStatus(**base)
+    if campaign.final_counts is not None:  # pruned: the counts it had then, forever
+        return CampaignStatus(**base, **campaign.final_counts, pruned_at=campaign.pruned_at)
     # One statement: `status --watch` calls this every refresh, and nothing of it stays open between.
     with conn.cursor(row_factory=dict_row) as cur:
         counts = cur.execute(query("broadcast_counts"), {"broadcast_id": campaign.broadcast_id}).fetchone()

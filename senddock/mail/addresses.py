@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from email.utils import getaddresses
 
@@ -16,20 +17,44 @@ _SPECIALS = set('",;:@[]\\()<>')
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
+# A dot-atom local part of ASCII atext (RFC 5322 3.2.3): what nearly every address has. Such an
+# address is valid exactly when its domain is, which is checked once per domain (below).
+_PLAIN_LOCAL = re.compile(r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*")
+
+
 def check_address(address: str) -> str:
-    """The address as given (trimmed) if its syntax is valid; raises ValueError with the reason."""
+    """The address as given (trimmed) if its syntax is valid; raises ValueError with the reason.
+
+    email_validator decides. It takes 35-80 us an address, most of it checking the domain's
+    characters, which repeat from one address to the next in a list: a plain local part is
+    matched here and its domain's verdict kept, and anything else gets the whole check."""
+    address = address.strip()
+    if not address:
+        raise ValueError("missing email")
+    local, at, domain = address.rpartition("@")
+    if at and len(address) <= 254 and len(local) <= 64 and _PLAIN_LOCAL.fullmatch(local) and _domain_valid(domain):
+        return address
     # email_validator compiles its grammar at import (~20 ms): loaded by the first check, not by
     # every command that imports this module.
     from email_validator import EmailNotValidError, validate_email
 
-    address = address.strip()
-    if not address:
-        raise ValueError("missing email")
     try:
         validate_email(address, check_deliverability=False)
     except EmailNotValidError as exc:
         raise ValueError(f"invalid address {address!r}: {exc}") from None
     return address
+
+
+@functools.lru_cache(maxsize=4096)
+def _domain_valid(domain: str) -> bool:
+    """Whether email_validator takes ``domain`` (with the shortest plain local part)."""
+    from email_validator import EmailNotValidError, validate_email
+
+    try:
+        validate_email(f"x@{domain}", check_deliverability=False)
+    except EmailNotValidError:
+        return False
+    return True
 
 
 def mailbox_problem(value: str) -> str | None:

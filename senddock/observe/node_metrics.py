@@ -51,6 +51,9 @@ class NodeMetrics:
                                    "commit (results) or heartbeat in progress has waited (0: none in progress). "
                                    "Normally milliseconds; see database.stuck_after.", ["statement"],
                                    registry=self.registry)
+        self.pruned_rows = Counter("senddock_pruned_rows", "Rows this node's retention pruned, by table "
+                                   "(ended broadcasts' detail, inbound mail records, status history).", ["table"],
+                                   registry=self.registry)
         self.info = Gauge("senddock_node_info", "This node: its name and senddock's version (always 1).",
                           ["node", "version"], registry=self.registry)
 

@@ -86,9 +86,12 @@ CREATE TABLE campaigns (
     bounce_window_from bigint,
     bounce_count_from bigint DEFAULT 0 NOT NULL,
     send_rate text,
+    pruned_at timestamp with time zone,
+    final_counts jsonb,
     CONSTRAINT campaigns_pkey PRIMARY KEY (id),
     CONSTRAINT campaigns_check CHECK (text_body IS NOT NULL OR html_body IS NOT NULL),
     CONSTRAINT campaigns_name_check CHECK (name <> ''::text),
+    CONSTRAINT campaigns_pruned_check CHECK ((pruned_at IS NULL) = (final_counts IS NULL) AND (pruned_at IS NULL OR (status = ANY (ARRAY['finished'::text, 'cancelled'::text])))),
     CONSTRAINT campaigns_status_check CHECK (status = ANY (ARRAY['draft'::text, 'scheduled'::text, 'sending'::text, 'paused'::text, 'cancelled'::text, 'finished'::text])),
     CONSTRAINT campaigns_broadcast_fk FOREIGN KEY (broadcast_id) REFERENCES broadcasts(id)
 );
@@ -453,6 +456,43 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION public.tallies_members_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO tallies AS t (subject, key, shard, n)
+        SELECT 'members', ARRAY[x.list_id::text, x.status], pg_backend_pid(), count(*)
+          FROM (SELECT r.list_id, s.status FROM new_rows r JOIN subscribers s ON s.id = r.subscriber_id) x
+         GROUP BY 2 ORDER BY 2
+        ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
+    ELSE
+        INSERT INTO tallies AS t (subject, key, shard, n)
+        SELECT 'members', ARRAY[x.list_id::text, x.status], pg_backend_pid(), -count(*)
+          FROM (SELECT r.list_id, s.status FROM old_rows r JOIN subscribers s ON s.id = r.subscriber_id) x
+         GROUP BY 2 ORDER BY 2
+        ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
+    END IF;
+    RETURN NULL;
+END $function$;
+
+CREATE OR REPLACE FUNCTION public.tallies_subscriber_status_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    PERFORM FROM subscribers WHERE id = NEW.id FOR UPDATE;  -- see the header: then read its lists
+    INSERT INTO tallies AS t (subject, key, shard, n)
+    SELECT 'members', c.key, pg_backend_pid(), sum(c.n)
+      FROM (SELECT ARRAY[m.list_id::text, OLD.status] AS key, -1 AS n FROM list_members m WHERE m.subscriber_id = OLD.id
+            UNION ALL
+            SELECT ARRAY[m.list_id::text, NEW.status], 1 FROM list_members m WHERE m.subscriber_id = NEW.id) c
+     GROUP BY 2 ORDER BY 2
+    ON CONFLICT (subject, key, shard) DO UPDATE SET n = t.n + EXCLUDED.n;
+    RETURN NULL;
+END $function$;
+
 CREATE OR REPLACE FUNCTION public.tallies_suppressions_changed()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -485,6 +525,9 @@ CREATE TRIGGER tallies_jobs_updated AFTER UPDATE ON broadcast_jobs REFERENCING O
 CREATE TRIGGER broadcasts_partitions AFTER INSERT ON broadcasts FOR EACH ROW EXECUTE FUNCTION senddock_broadcast_added();
 CREATE TRIGGER campaigns_status_event AFTER UPDATE OF status, paused_reason ON campaigns FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status OR new.status = 'paused'::text AND old.paused_reason IS DISTINCT FROM new.paused_reason) EXECUTE FUNCTION senddock_campaign_event();
 CREATE TRIGGER tallies_events_inserted AFTER INSERT ON delivery_events REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_events_added();
+CREATE TRIGGER tallies_members_deleted AFTER DELETE ON list_members REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_members_changed();
+CREATE TRIGGER tallies_members_inserted AFTER INSERT ON list_members REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_members_changed();
+CREATE TRIGGER tallies_subscriber_status_changed AFTER UPDATE OF status ON subscribers FOR EACH ROW WHEN (old.status IS DISTINCT FROM new.status) EXECUTE FUNCTION tallies_subscriber_status_changed();
 CREATE TRIGGER tallies_suppressions_deleted AFTER DELETE ON suppressions REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_suppressions_changed();
 CREATE TRIGGER tallies_suppressions_inserted AFTER INSERT ON suppressions REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_suppressions_changed();
 CREATE TRIGGER tallies_suppressions_updated AFTER UPDATE ON suppressions REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION tallies_suppressions_changed();

@@ -67,7 +67,7 @@ def test_the_whole_flow_in_json(cli, config_file: Path, tmp_path: Path):
     assert set(status.json) == {"campaign_id", "status", "paused_reason", "broadcast_id", "rate", "total", "pending",
                                 "sending", "retry", "sent", "failed", "bounced", "skipped", "failed_by_reason",
                                 "auto_resume", "next_probe_at", "probes_failed", "last_probe", "paused_at",
-                                "warning", "bounces", "pacing"}
+                                "warning", "bounces", "pacing", "pruned_at"}
     assert (status.json["status"], status.json["total"], status.json["pending"]) == ("sending", 4, 4)
     assert status.json["pacing"] == []  # no limit configured: always there, empty
     listed = cli("campaign", "ls", "-c", config_file, "--json")

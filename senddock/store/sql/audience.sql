@@ -9,13 +9,11 @@ RETURNING id;
 SELECT id, name, created_at FROM lists WHERE lower(name) = lower(%(name)s);
 
 -- name: list_all
-SELECT l.id, l.name, l.created_at,
-       count(s.id) FILTER (WHERE s.status = 'active') AS active,
-       count(s.id) AS members
+-- Members by status from the tallies (migration 18), not by counting each list's members.
+SELECT l.id, l.name, l.created_at, coalesce(c.active, 0)::bigint AS active, coalesce(c.members, 0)::bigint AS members
 FROM lists l
-LEFT JOIN list_members m ON m.list_id = l.id
-LEFT JOIN subscribers s ON s.id = m.subscriber_id
-GROUP BY l.id
+LEFT JOIN (SELECT t.key[1] AS list_id, sum(t.n) FILTER (WHERE t.key[2] = 'active') AS active, sum(t.n) AS members
+             FROM tallies t WHERE t.subject = 'members' GROUP BY 1) c ON c.list_id = l.id::text
 ORDER BY l.name;
 
 -- name: subscriber_upsert

@@ -13,7 +13,8 @@ ON CONFLICT DO NOTHING;
 SELECT c.id, c.name, c.subject, c.from_addr, c.reply_to, c.text_body, c.html_body, c.status,
        c.paused_reason, c.broadcast_id, c.send_at, c.created_at, c.started_at, c.finished_at,
        c.paused_at, c.auto_resume, c.probe_at, c.probes, c.probe_result, c.bounce_window_from,
-       c.send_rate, coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists
+       c.send_rate, coalesce(array_agg(l.name ORDER BY l.name) FILTER (WHERE l.id IS NOT NULL), '{}') AS lists,
+       c.pruned_at, c.final_counts
 FROM campaigns c
 LEFT JOIN campaign_lists cl ON cl.campaign_id = c.id
 LEFT JOIN lists l ON l.id = cl.list_id
@@ -187,15 +188,24 @@ UPDATE campaigns
 -- name: broadcast_counts
 -- One statement, so one short snapshot per refresh of `campaign status --watch` (and the failures
 -- by reason add up to the failed count without a REPEATABLE READ transaction around two queries).
+-- The jobs' counts come from the tallies (migration 11: kept by the jobs' own statements, exact at
+-- any snapshot), not from counting the broadcast's jobs: a few rows, however large the broadcast.
 -- json, not jsonb: it keeps the reasons in this order, most frequent first.
+WITH jobs AS (
+    SELECT t.key[2] AS status, t.key[3] AS reason, sum(t.n) AS n
+      FROM tallies t
+     WHERE t.subject = 'jobs' AND t.key[1] = %(broadcast_id)s::bigint::text
+     GROUP BY 1, 2
+    HAVING sum(t.n) <> 0
+)
 SELECT b.enqueued AS total,
        b.skipped_suppressed + b.skipped_unsubscribed AS skipped,
-       count(j.id) FILTER (WHERE j.status = 'pending') AS pending,
-       count(j.id) FILTER (WHERE j.status = 'sending') AS sending,
-       count(j.id) FILTER (WHERE j.status = 'retry') AS retry,
-       count(j.id) FILTER (WHERE j.status = 'sent') AS sent,
-       count(j.id) FILTER (WHERE j.status = 'failed') AS failed,
-       count(j.id) FILTER (WHERE j.status = 'failed' AND j.failure_reason = 'bounced') AS bounced,
+       (SELECT coalesce(sum(n), 0) FROM jobs WHERE status = 'pending')::bigint AS pending,
+       (SELECT coalesce(sum(n), 0) FROM jobs WHERE status = 'sending')::bigint AS sending,
+       (SELECT coalesce(sum(n), 0) FROM jobs WHERE status = 'retry')::bigint AS retry,
+       (SELECT coalesce(sum(n), 0) FROM jobs WHERE status = 'sent')::bigint AS sent,
+       (SELECT coalesce(sum(n), 0) FROM jobs WHERE status = 'failed')::bigint AS failed,
+       (SELECT coalesce(sum(n), 0) FROM jobs WHERE status = 'failed' AND reason = 'bounced')::bigint AS bounced,
        -- What came back after the send (SES notifications, bounces by mail), one per job: hard
        -- (a permanent bounce), soft (the others, unless the job also bounced hard), complaints.
        (SELECT count(DISTINCT e.job_id) FROM delivery_events e
@@ -208,15 +218,10 @@ SELECT b.enqueued AS total,
                                                            AND h.bounce_type = 'Permanent')) AS later_soft,
        (SELECT count(DISTINCT e.job_id) FROM delivery_events e
          WHERE e.broadcast_id = b.id AND e.kind = 'complaint') AS complaints,
-       (SELECT coalesce(json_object_agg(r.reason, r.jobs ORDER BY r.jobs DESC, r.reason), '{}')
-          FROM (SELECT coalesce(x.failure_reason, 'unknown') AS reason, count(*) AS jobs
-                  FROM broadcast_jobs x
-                 WHERE x.broadcast_id = b.id AND x.status = 'failed'
-                 GROUP BY 1) r) AS failed_by_reason
+       (SELECT coalesce(json_object_agg(r.reason, r.n ORDER BY r.n DESC, r.reason), '{}')
+          FROM jobs r WHERE r.status = 'failed') AS failed_by_reason
 FROM broadcasts b
-LEFT JOIN broadcast_jobs j ON j.broadcast_id = b.id
-WHERE b.id = %(broadcast_id)s
-GROUP BY b.id;
+WHERE b.id = %(broadcast_id)s;
 
 -- name: campaign_unsuppress
 -- Undo what a campaign's bounces did: the suppressions its broadcast made (from the bounce-rate

@@ -526,10 +526,21 @@ SELECT EXISTS (SELECT FROM tripped) AS tripped,
                    AND status = 'paused' AND paused_reason = 'bounce_rate') AS holding;
 
 -- name: campaign_cancel_leftovers
--- Jobs put back after their campaign was cancelled (from the poll, and after a cancel).
+-- Jobs put back after their campaign was cancelled (from the poll, and after a cancel). Every poll
+-- runs it, so it reaches jobs through the pending and the retry indexes, each probed per cancelled
+-- broadcast (one `status IN (...)` matches neither partial index, and read the whole table).
+WITH cancelled AS (
+    SELECT broadcast_id FROM campaigns WHERE status = 'cancelled' AND broadcast_id IS NOT NULL
+), leftovers AS (
+    SELECT j.broadcast_id, j.id FROM cancelled c JOIN broadcast_jobs j ON j.broadcast_id = c.broadcast_id
+     WHERE j.status = 'pending'
+    UNION ALL
+    SELECT j.broadcast_id, j.id FROM cancelled c JOIN broadcast_jobs j ON j.broadcast_id = c.broadcast_id
+     WHERE j.status = 'retry'
+)
 UPDATE broadcast_jobs j SET status = 'failed', failure_reason = 'cancelled'
-  FROM campaigns c
- WHERE c.status = 'cancelled' AND j.broadcast_id = c.broadcast_id AND j.status IN ('pending', 'retry')
+  FROM leftovers l
+ WHERE j.broadcast_id = l.broadcast_id AND j.id = l.id AND j.status IN ('pending', 'retry')
 RETURNING j.id;
 
 -- name: campaigns_finish
