@@ -1,4 +1,4 @@
-"""Benchmark: a claim costs the same with one broadcast partition as with hundreds (migration 18), and
+"""Benchmark: a claim costs the same with one broadcast partition as with hundreds (migration 20), and
 the same as on the unpartitioned table of migration 17.
 
     python bench/partition_claim.py [--dsn ADMIN_DSN | --embedded] [--ended 500] [--ended-jobs 20]
@@ -6,7 +6,7 @@ the same as on the unpartitioned table of migration 17.
 
 Three scratch databases on one server, in one run, each holding one sending campaign of --small
 jobs:
-  flat:     the schema before migration 18 (one broadcast_jobs table), beside --ended finished
+  flat:     the schema before migration 20 (one broadcast_jobs table), beside --ended finished
             broadcasts of --ended-jobs sent jobs each (and an attempt per job);
   one:      the partitioned schema with the sending broadcast only (one partition per table);
   many:     the partitioned schema beside the same --ended finished broadcasts (a partition each).
@@ -42,7 +42,7 @@ from senddock.store.node_identity import NodeIdentity
 from senddock.testing import create_database, drop_database, migrate_database
 
 BATCH = 5
-UNPARTITIONED = 17  # the last migration before the partitions
+UNPARTITIONED = 19  # the last migration before the partitions
 
 
 def migrate_through(dsn: str, version: int) -> None:

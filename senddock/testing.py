@@ -180,7 +180,7 @@ def _empty(conn: psycopg.Connection) -> None:
     """As a fresh copy of the template is: the tables the test wrote truncated (a TRUNCATE of every
     table took ~100 ms: a new file per table and index), every sequence used restarted (ids start
     at 1 again), the planner's statistics dropped (its plans made with none, as there)."""
-    # A broadcast's partitions (migration 18) go with their broadcast: the next test's broadcast 1
+    # A broadcast's partitions (migration 20) go with their broadcast: the next test's broadcast 1
     # gets a partition of its own, as in a fresh copy.
     partitions = [row[0] for row in conn.execute(
         "SELECT quote_ident(c.relname) FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace "

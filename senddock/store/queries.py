@@ -50,7 +50,7 @@ def for_broadcasts(name: str, broadcast_ids: tuple[int, ...]) -> str:
     none, for no id).
 
     A statement on the send path names its broadcasts so that it touches their partitions only
-    (migration 18). As a bound parameter the list would cost either way: a custom plan is made
+    (migration 20). As a bound parameter the list would cost either way: a custom plan is made
     afresh at every run, and on PostgreSQL 15 a generic plan locks every partition of the table at
     every run, pruned or not. Written as literals, the plan is pruned when it is made, and psycopg
     keeps the prepared statement of each text (the set of broadcasts sending changes rarely). The

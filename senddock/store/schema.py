@@ -25,7 +25,7 @@ HEADER = """\
 """
 
 # Only senddock's own objects: the public schema, no extension's. A partitioned table is said with
-# its partition key; its partitions (one per broadcast, migration 18) are data, not schema: left out,
+# its partition key; its partitions (one per broadcast, migration 20) are data, not schema: left out,
 # with their indexes and triggers.
 _TABLES = """
 SELECT c.oid, c.relname, c.relpersistence = 'u' AS unlogged,

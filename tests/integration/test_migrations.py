@@ -77,7 +77,7 @@ def test_claim_indexes_are_partial_on_claimable_rows(database_dsn: str):
     with psycopg.connect(database_dsn) as conn:
         pending, retry = (conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", (name,)).fetchone()[0]
                           for name in ("broadcast_jobs_pending_idx", "broadcast_jobs_retry_idx"))
-        # The storage settings are each broadcast's partition's (migration 18): a partitioned table has no heap.
+        # The storage settings are each broadcast's partition's (migration 20): a partitioned table has no heap.
         campaign = conn.execute("INSERT INTO campaigns (name, subject, from_addr, text_body) "
                                 "VALUES ('x', 's', 'a@example.com', 'x') RETURNING id").fetchone()[0]
         broadcast = conn.execute("INSERT INTO broadcasts (campaign_id) VALUES (%s) RETURNING id", (campaign,)).fetchone()[0]

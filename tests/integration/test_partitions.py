@@ -1,4 +1,4 @@
-"""broadcast_jobs and delivery_attempts are partitioned by broadcast (migration 18): an existing
+"""broadcast_jobs and delivery_attempts are partitioned by broadcast (migration 20): an existing
 installation's rows move into their broadcasts' partitions, a new broadcast gets its own at
 `campaign send` without blocking the nodes, and the send path's statements touch only the
 partitions of the broadcasts they name."""
@@ -16,7 +16,7 @@ from senddock.store.queries import for_broadcasts, query
 from senddock.testing import create_database, drain, drop_database, fast_settings
 from tests_support import make_broadcast
 
-BEFORE = 17  # the last migration before the partitions
+BEFORE = 19  # the last migration before the partitions
 
 # Three broadcasts as an installation of migration 17 holds them: jobs in every status (one failed
 # for a reason), an attempt for each job that was tried, and the tallies their triggers kept.
@@ -71,7 +71,7 @@ def test_the_upgrade_moves_every_row_of_existing_broadcasts_into_their_partition
         assert statuses == {"pending", "sending", "retry", "sent", "failed"}
         last_job = conn.execute("SELECT max(id) FROM broadcast_jobs").fetchone()[0]
 
-        assert [m.version for m in migrations.migrate(conn)] == [18]
+        assert [m.version for m in migrations.migrate(conn)] == [20]
 
         assert {name: conn.execute(sql).fetchall() for name, sql in ROWS.items()} == before
         assert before["jobs"][0][0] == 60 and before["attempts"][0][0] == 36

@@ -8,7 +8,7 @@ RETURNING id, broadcast_id;
 
 -- name: jobs_claim_broadcasts
 -- The broadcasts a claim may take jobs of: jobs_claim names them, so that it is planned over their
--- partitions only (migration 18), not over every broadcast ever sent.
+-- partitions only (migration 20), not over every broadcast ever sent.
 SELECT broadcast_id FROM campaigns WHERE status = 'sending' AND broadcast_id IS NOT NULL ORDER BY broadcast_id;
 
 -- name: notify_jobs
@@ -27,7 +27,7 @@ SELECT pg_notify('senddock_jobs', %(broadcast_id)s::text);
 -- however old the oldest open snapshot is. The start is read, never locked: claims never wait.
 -- {b}: the broadcasts of jobs_claim_broadcasts, read just before, written in as literals
 -- (queries.for_broadcasts): every reference to broadcast_jobs is pruned to their partitions when
--- the statement is planned (migration 18), and the plan psycopg prepares for that text can be kept.
+-- the statement is planned (migration 20), and the plan psycopg prepares for that text can be kept.
 -- A campaign that stopped sending since is still left out here; one that started waits for the next claim.
 WITH running AS MATERIALIZED (
     SELECT c.id AS campaign_id, c.broadcast_id, c.send_rate, s.from_at, s.from_id
@@ -292,7 +292,7 @@ SELECT (SELECT array_agg(id) FROM taken), (SELECT 1 FROM durable);
 -- The broadcasts that may have jobs 'sending': those of every campaign not finished (paused and
 -- cancelled ones too: their jobs in flight end later). A finished campaign has none: campaigns_finish
 -- waits for them. What recovery and the in-flight count name, so as to skip the partitions of
--- broadcasts that ended (migration 18).
+-- broadcasts that ended (migration 20).
 SELECT broadcast_id FROM campaigns WHERE status <> 'finished' AND broadcast_id IS NOT NULL ORDER BY broadcast_id;
 
 -- name: jobs_in_flight_by_domain

@@ -1,4 +1,4 @@
--- senddock schema, version 18: a broadcast's jobs and attempts in partitions of their own.
+-- senddock schema, version 20: a broadcast's jobs and attempts in partitions of their own.
 --
 -- broadcast_jobs and delivery_attempts are partitioned by broadcast (LIST, one partition each,
 -- named broadcast_jobs_bN and delivery_attempts_bN), so that the per-recipient rows of an ended
