@@ -24,7 +24,7 @@ def prune(args: argparse.Namespace, out: Output) -> int:
         if args.campaign is not None:
             one = sd.prune_campaign(args.campaign, dry_run=args.dry_run)
             result = {"dry_run": args.dry_run, "pruned": [one.as_dict()], "skipped": [], "expired": {},
-                      "bytes_returned": 0}
+                      "bytes_returned": one.bytes_returned}
         else:
             result = sd.prune(dry_run=args.dry_run).as_dict()
     out.result(result, lambda: _human(result))
@@ -35,9 +35,13 @@ def _human(result: dict) -> str:
     verb = "would prune" if result["dry_run"] else "pruned"
     lines = [f"{verb} campaign {p['campaign_id']} ({p['name']}): "
              + ", ".join(f"{plural(n, 'row')} of {table}" for table, n in p["rows"].items() if n)
-             for p in result["pruned"]]
+             + f"; {_megabytes(p['bytes_returned'])} of disk" for p in result["pruned"]]
     lines += [f"left for later: campaign {s['campaign_id']}: {s['reason']}" for s in result["skipped"]]
     gone = ", ".join(f"{plural(n, 'row')} of {table}" for table, n in result["expired"].items() if n)
     if gone:
         lines.append(f"{'would expire' if result['dry_run'] else 'expired'} by age: {gone}")
     return "\n".join(lines) or "nothing is due"
+
+
+def _megabytes(count: int) -> str:
+    return f"{count / 1e6:.1f} MB"

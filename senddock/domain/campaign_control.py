@@ -16,6 +16,7 @@ from senddock.store.queries import query
 from senddock.errors import InvalidInput, InvalidState
 from senddock.pacing.rates import campaign_rate_view
 from senddock.store import outbox
+from senddock.store.jobs import cancel_leftovers
 from senddock.config.webhooks import NO_WEBHOOKS, Subscriptions
 from senddock.wording import is_status
 
@@ -79,7 +80,7 @@ def cancel_campaign(conn: psycopg.Connection, campaign_id: int) -> int:
         if row is None:
             status = get_campaign(conn, campaign_id).status
             raise InvalidState(f"campaign {campaign_id} {is_status(status)}: there is nothing left to cancel")
-        conn.execute(query("campaign_cancel_leftovers"))
+        cancel_leftovers(conn)
     return row[1]
 
 

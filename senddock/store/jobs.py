@@ -136,6 +136,15 @@ def _broadcasts(*jobs: Iterable[ClaimedJob]) -> tuple[int, ...]:
     return tuple(sorted({job.broadcast_id for group in jobs for job in group}))
 
 
+def cancel_leftovers(conn: psycopg.Connection) -> int:
+    """Fail the jobs put back after their campaign was cancelled (a released claim, a recovery);
+    how many. Every poll asks; the tallies answer, and only a broadcast with some is touched."""
+    broadcasts = tuple(row[0] for row in conn.execute(query("campaign_cancel_leftovers_broadcasts")))
+    if not broadcasts:
+        return 0
+    return len(conn.execute(for_broadcasts("campaign_cancel_leftovers", broadcasts)).fetchall())
+
+
 class JobQueue:
     """SQL of the engine on one connection (autocommit: each method is one short transaction)."""
 
@@ -384,7 +393,7 @@ class JobQueue:
 
     def cancel_leftovers(self) -> int:
         """Fail the jobs put back after their campaign was cancelled."""
-        return len(self.conn.execute(query("campaign_cancel_leftovers")).fetchall())
+        return cancel_leftovers(self.conn)
 
     def fold_tallies(self) -> int:
         """Fold the tallies of ended sessions into one row per key (migration 11); how many rows went."""

@@ -2,17 +2,23 @@
 keeping the counts it had (``campaign status`` shows the same figures after), and old inbound mail
 records and status history go by age. Suppressions, subscribers and unsubscribes are never pruned.
 
-Each campaign is pruned in a transaction of its own, its counts frozen in the same one: a process
-killed mid-prune leaves every campaign either whole or pruned with its counts.
+A campaign's counts are frozen, and its rows outside its partitions deleted, in one transaction;
+then its broadcast's partitions (migration 20) are detached (CONCURRENTLY: nodes' claims and
+commits never wait) and dropped, which gives their disk back at once with nothing left for VACUUM.
+A process killed in between leaves a campaign pruned with its counts whose partitions the next
+prune drops; killed before the commit, the campaign is whole.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -32,10 +38,11 @@ class Pruned:
     broadcast_id: int
     rows: dict[str, int]
     pruned_at: datetime | None = None  # None in a dry run
+    bytes_returned: int = 0  # its partitions' disk, given back (in a dry run: what would be)
 
     def as_dict(self) -> dict[str, Any]:
         return {"campaign_id": self.campaign_id, "name": self.name, "broadcast_id": self.broadcast_id,
-                "rows": self.rows}
+                "rows": self.rows, "bytes_returned": self.bytes_returned}
 
 
 @dataclass(frozen=True)
@@ -49,13 +56,18 @@ class Skipped:
         return {"campaign_id": self.campaign_id, "reason": self.reason}
 
 
-@dataclass(frozen=True)
+@dataclass
 class PruneReport:
     dry_run: bool
     pruned: list[Pruned] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     expired: dict[str, int] = field(default_factory=dict)  # rows dropped by age, per table
-    bytes_returned: int = 0  # disk given back at once (rows deleted return theirs after VACUUM)
+    finished: int = 0  # disk of partitions an earlier, interrupted prune left, dropped now
+
+    @property
+    def bytes_returned(self) -> int:
+        """Disk given back at once: the partitions dropped (rows deleted by age free theirs for reuse)."""
+        return sum(p.bytes_returned for p in self.pruned) + self.finished
 
     def as_dict(self) -> dict[str, Any]:
         return {"dry_run": self.dry_run, "pruned": [p.as_dict() for p in self.pruned],
@@ -85,14 +97,44 @@ def prune_campaign(conn: psycopg.Connection, campaign_id: int, *, dry_run: bool 
         if blockers["unapplied_bounces"]:
             raise InvalidState(f"campaign {campaign_id} has {blockers['unapplied_bounces']} bounces not yet applied "
                                "(their suppressions are made from its jobs): prune it once a node has applied them")
+        rows = dict(cur.execute(query("retention_broadcast_rows"), {"broadcast_id": broadcast_id}).fetchone())
         if dry_run:
-            rows = cur.execute(query("retention_broadcast_rows"), {"broadcast_id": broadcast_id}).fetchone()
-            return Pruned(campaign_id, campaign["name"], broadcast_id, dict(rows))
+            held = sum(p["bytes"] for p in cur.execute(query("retention_partitions"), {"broadcast_id": broadcast_id}))
+            return Pruned(campaign_id, campaign["name"], broadcast_id, rows, bytes_returned=held)
         counts = cur.execute(query("broadcast_counts"), {"broadcast_id": broadcast_id}).fetchone()
         pruned_at = cur.execute(query("retention_freeze"), {"campaign_id": campaign_id,
                                                             "counts": Jsonb(_plain(counts))}).fetchone()["pruned_at"]
-        rows = cur.execute(query("retention_remove_broadcast"), {"broadcast_id": broadcast_id}).fetchone()
-    return Pruned(campaign_id, campaign["name"], broadcast_id, dict(rows), pruned_at)
+        cur.execute(query("retention_remove_broadcast"), {"broadcast_id": broadcast_id})
+    returned = drop_partitions(conn, broadcast_id)
+    return Pruned(campaign_id, campaign["name"], broadcast_id, rows, pruned_at, returned)
+
+
+def drop_partitions(conn: psycopg.Connection, broadcast_id: int) -> int:
+    """Detach and drop the broadcast's partitions (of a campaign whose counts are frozen); the bytes
+    they held. DETACH ... CONCURRENTLY waits for the transactions that may read them, blocking
+    nobody; one interrupted half-way is finished (FINALIZE)."""
+    with _autocommit(conn):  # DETACH CONCURRENTLY runs in transactions of its own
+        partitions = conn.execute(query("retention_partitions"), {"broadcast_id": broadcast_id}).fetchall()
+        for partition, parent, detaching, _ in partitions:
+            if parent is not None:
+                how = sql.SQL("FINALIZE" if detaching else "CONCURRENTLY")
+                conn.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {} {}").format(
+                    sql.Identifier(parent), sql.Identifier(partition), how))
+            conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(partition)))
+    return sum(row[3] for row in partitions)
+
+
+@contextmanager
+def _autocommit(conn: psycopg.Connection) -> Iterator[None]:
+    was = conn.autocommit
+    if not was:
+        conn.rollback()  # nothing is open: the caller's transactions are committed blocks
+        conn.autocommit = True
+    try:
+        yield
+    finally:
+        if not was:
+            conn.autocommit = False
 
 
 def prune_due(conn: psycopg.Connection, retention: RetentionSettings, *, dry_run: bool = False) -> PruneReport:
@@ -100,6 +142,9 @@ def prune_due(conn: psycopg.Connection, retention: RetentionSettings, *, dry_run
     ``retention.broadcasts`` (skipping, for a later run, one that cannot go yet), then inbound mail
     records and status history by age."""
     report = PruneReport(dry_run=dry_run)
+    if not dry_run:
+        for _, broadcast_id in conn.execute(query("retention_pruned_with_partitions")).fetchall():
+            report.finished += drop_partitions(conn, broadcast_id)  # an earlier prune stopped half-way
     if retention.broadcasts is not None:
         due = [row[0] for row in conn.execute(query("retention_due_broadcasts"), {"keep": retention.broadcasts})]
         for campaign_id in due:

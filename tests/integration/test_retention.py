@@ -175,43 +175,57 @@ def test_pruning_while_a_campaign_of_the_same_list_sends(make_config, database_d
     app.close()
 
 
-def test_a_prune_killed_half_way_leaves_the_campaign_whole(senddock_app, database_dsn, config_file):
-    """kill -9 while `senddock prune --campaign` deletes a large broadcast's rows: the campaign is
-    then either untouched (no counts frozen, every row there) or pruned with its counts: never
-    rows gone without their counts, nor counts frozen over rows still there."""
+def start_prune(campaign_id: int, dsn: str, config) -> subprocess.Popen:
+    return subprocess.Popen([senddock_executable(), "prune", "--campaign", str(campaign_id), "-c", str(config)],
+                            env={**os.environ, "SENDDOCK_DATABASE_URL": dsn},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def waiting_on(conn: psycopg.Connection, statement: str) -> bool:
+    return conn.execute("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE query ILIKE %s AND wait_event_type = 'Lock')",
+                        (f"%{statement}%",)).fetchone()[0]
+
+
+def kill(process: subprocess.Popen) -> None:
+    assert process.poll() is None, "the prune ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+
+
+def test_a_prune_killed_half_way_leaves_the_campaign_whole_or_pruned(senddock_app, database_dsn, config_file):
+    """kill -9 of `senddock prune --campaign` at each of its two steps. Before its commit (here
+    waiting for the campaign's row): the campaign is untouched. After it, while the partitions are
+    detached (here waiting for a reader of them): the campaign is pruned with its counts, and the
+    next prune drops what is left of its partitions."""
     campaign_id, broadcast_id = ended_with_every_outcome(senddock_app, database_dsn)
-    with psycopg.connect(database_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO broadcast_jobs (broadcast_id, subscriber_id, email, domain, status, sent_at) "
-                     "SELECT %s, -n, 'many' || n || '@example.com', 'example.com', 'sent', now() "
-                     "FROM generate_series(1, 300000) n", (broadcast_id,))
-        conn.execute("INSERT INTO delivery_attempts (job_id, broadcast_id, attempt, node, outcome) "
-                     "SELECT id, broadcast_id, 1, 'history', 'sent' FROM broadcast_jobs WHERE subscriber_id < 0")
-        before = rows_of(conn, broadcast_id)
     expected = senddock_app.campaign_status(campaign_id).as_dict()
-    prune = subprocess.Popen([senddock_executable(), "prune", "--campaign", str(campaign_id), "-c", str(config_file)],
-                             env={**os.environ, "SENDDOCK_DATABASE_URL": database_dsn},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    with psycopg.connect(database_dsn, autocommit=True) as conn:
-        def deleting() -> bool:
-            return conn.execute("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE query LIKE %s AND state = 'active')",
-                                ("%DELETE FROM broadcast_jobs%",)).fetchone()[0] or prune.poll() is not None
-        wait_for(deleting, 30, "the prune to be deleting")
-        assert prune.poll() is None, "the prune finished before it could be killed: make the broadcast bigger"
-        time.sleep(0.2)
-        prune.send_signal(signal.SIGKILL)
-        prune.wait(10)
-        wait_for(lambda: not conn.execute("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE query LIKE %s)",
-                                          ("%DELETE FROM broadcast_jobs%",)).fetchone()[0], 30,
-                 "the dead prune's statement to end")
-        after = rows_of(conn, broadcast_id)
-    status = senddock_app.campaign_status(campaign_id)
-    print("killed before commit:", status.pruned_at is None)
-    if status.pruned_at is None:  # killed before its commit (the usual case): untouched, and pruned again whole
-        assert after == before, "rows went without their counts being frozen"
-        assert status.as_dict() == expected
-        assert senddock_app.prune_campaign(campaign_id).rows["broadcast_jobs"] == before["broadcast_jobs"]
-    else:  # its commit came first: pruned whole
-        assert after == dict.fromkeys(PER_BROADCAST, 0), "counts frozen over rows still there"
+    with psycopg.connect(database_dsn, autocommit=True) as watch, psycopg.connect(database_dsn) as holder:
+        before = rows_of(watch, broadcast_id)
+        holder.execute("SELECT FROM campaigns WHERE id = %s FOR UPDATE", (campaign_id,))
+        prune = start_prune(campaign_id, database_dsn, config_file)
+        wait_for(lambda: waiting_on(watch, "FOR UPDATE") or prune.poll() is not None, 30, "the prune to wait")
+        kill(prune)
+        holder.rollback()
+        assert senddock_app.campaign_status(campaign_id).as_dict() == expected
+        assert rows_of(watch, broadcast_id) == before, "rows went without their counts being frozen"
+
+        holder.execute("SELECT count(*) FROM broadcast_jobs WHERE broadcast_id = %s", (broadcast_id,))  # a reader
+        prune = start_prune(campaign_id, database_dsn, config_file)
+        wait_for(lambda: waiting_on(watch, "DETACH PARTITION") or prune.poll() is not None, 30,
+                 "the prune to wait to detach")
+        kill(prune)
+        holder.rollback()
+        status = senddock_app.campaign_status(campaign_id)
+        assert status.pruned_at is not None and {**status.as_dict(), "pruned_at": None} == expected
+        left = watch.execute("SELECT count(*) FROM pg_class WHERE relname IN (%s, %s)",
+                             (f"broadcast_jobs_b{broadcast_id}", f"delivery_attempts_b{broadcast_id}")).fetchone()[0]
+        assert left == 2, "the partitions were dropped before the kill: the test proves nothing"
+    finished = senddock_app.prune()  # the next prune finishes the drops
+    assert finished.bytes_returned > 0 and finished.pruned == []
+    with psycopg.connect(database_dsn) as conn:
+        assert rows_of(conn, broadcast_id) == dict.fromkeys(PER_BROADCAST, 0)
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname LIKE %s",
+                            (f"%\\_b{broadcast_id}",)).fetchone()[0] == 0
     assert {**senddock_app.campaign_status(campaign_id).as_dict(), "pruned_at": None} == expected
 
 

@@ -289,11 +289,20 @@ WITH taken AS (
 SELECT (SELECT array_agg(id) FROM taken), (SELECT 1 FROM durable);
 
 -- name: jobs_open_broadcasts
--- The broadcasts that may have jobs 'sending': those of every campaign not finished (paused and
--- cancelled ones too: their jobs in flight end later). A finished campaign has none: campaigns_finish
--- waits for them. What recovery and the in-flight count name, so as to skip the partitions of
--- broadcasts that ended (migration 20).
-SELECT broadcast_id FROM campaigns WHERE status <> 'finished' AND broadcast_id IS NOT NULL ORDER BY broadcast_id;
+-- The broadcasts that may have jobs 'sending': those of every campaign not finished (paused ones
+-- too: their jobs in flight end later), and of a cancelled one while the tallies count some of its
+-- jobs 'sending' (its last sends; cancelled campaigns only add up over the years). A finished
+-- campaign has none: campaigns_finish waits for them. What recovery and the in-flight count name,
+-- so as to skip the partitions of broadcasts that ended (migration 20).
+SELECT c.broadcast_id FROM campaigns c
+ WHERE c.broadcast_id IS NOT NULL AND c.status NOT IN ('finished', 'cancelled')
+UNION
+SELECT c.broadcast_id FROM campaigns c
+ WHERE c.broadcast_id IS NOT NULL AND c.status = 'cancelled'
+   AND EXISTS (SELECT FROM tallies t
+                WHERE t.subject = 'jobs' AND t.key[1] = c.broadcast_id::text AND t.key[2] = 'sending'
+                GROUP BY t.key HAVING sum(t.n) > 0)
+ORDER BY 1;
 
 -- name: jobs_in_flight_by_domain
 -- Sends in flight in the whole cluster (marked begun, not recorded), by recipient domain: what
@@ -525,22 +534,25 @@ SELECT EXISTS (SELECT FROM tripped) AS tripped,
        OR EXISTS (SELECT 1 FROM campaigns WHERE id = %(campaign_id)s
                    AND status = 'paused' AND paused_reason = 'bounce_rate') AS holding;
 
+-- name: campaign_cancel_leftovers_broadcasts
+-- Cancelled campaigns with jobs put back since the cancel (pending or retry): read from the
+-- tallies, so the poll that runs it every time touches no job, however many were ever cancelled.
+SELECT c.broadcast_id FROM campaigns c
+ WHERE c.status = 'cancelled' AND c.broadcast_id IS NOT NULL
+   AND EXISTS (SELECT FROM tallies t
+                WHERE t.subject = 'jobs' AND t.key[1] = c.broadcast_id::text AND t.key[2] IN ('pending', 'retry')
+                GROUP BY t.key HAVING sum(t.n) > 0)
+ ORDER BY 1;
+
 -- name: campaign_cancel_leftovers
--- Jobs put back after their campaign was cancelled (from the poll, and after a cancel). Every poll
--- runs it, so it reaches jobs through the pending and the retry indexes, each probed per cancelled
--- broadcast (one `status IN (...)` matches neither partial index, and read the whole table).
-WITH cancelled AS (
-    SELECT broadcast_id FROM campaigns WHERE status = 'cancelled' AND broadcast_id IS NOT NULL
-), leftovers AS (
-    SELECT j.broadcast_id, j.id FROM cancelled c JOIN broadcast_jobs j ON j.broadcast_id = c.broadcast_id
-     WHERE j.status = 'pending'
-    UNION ALL
-    SELECT j.broadcast_id, j.id FROM cancelled c JOIN broadcast_jobs j ON j.broadcast_id = c.broadcast_id
-     WHERE j.status = 'retry'
-)
+-- Those jobs failed as cancelled, the broadcasts named ({b}: their partitions only), each status
+-- through its own partial index.
 UPDATE broadcast_jobs j SET status = 'failed', failure_reason = 'cancelled'
-  FROM leftovers l
- WHERE j.broadcast_id = l.broadcast_id AND j.id = l.id AND j.status IN ('pending', 'retry')
+  FROM (SELECT broadcast_id, id FROM broadcast_jobs WHERE broadcast_id IN ({b}) AND status = 'pending'
+        UNION ALL
+        SELECT broadcast_id, id FROM broadcast_jobs WHERE broadcast_id IN ({b}) AND status = 'retry') l
+ WHERE j.broadcast_id IN ({b}) AND j.broadcast_id = l.broadcast_id AND j.id = l.id
+   AND j.status IN ('pending', 'retry')
 RETURNING j.id;
 
 -- name: campaigns_finish

@@ -23,7 +23,8 @@ SELECT (SELECT coalesce(sum(n), 0) FROM tallies
            WHERE broadcast_id = %(broadcast_id)s AND suppresses AND NOT hooks_done) AS unapplied_bounces;
 
 -- name: retention_broadcast_rows
--- How many rows pruning the broadcast removes, table by table (jobs from the tallies).
+-- How many rows pruning the broadcast removes, table by table (jobs from the tallies), and the disk
+-- its partitions hold (migration 20).
 SELECT (SELECT coalesce(sum(n), 0) FROM tallies
          WHERE subject = 'jobs' AND key[1] = %(broadcast_id)s::bigint::text)::bigint AS broadcast_jobs,
        (SELECT count(*) FROM delivery_attempts WHERE broadcast_id = %(broadcast_id)s) AS delivery_attempts,
@@ -37,23 +38,42 @@ UPDATE campaigns SET final_counts = %(counts)s, pruned_at = now(), updated_at = 
 RETURNING pruned_at;
 
 -- name: retention_remove_broadcast
--- Everything keyed by the broadcast but its campaign and broadcast rows (as campaign_delete,
--- which removes those too). Suppressions its bounces made and its inbound mail stay.
-WITH jobs AS (
-    DELETE FROM broadcast_jobs WHERE broadcast_id = %(broadcast_id)s RETURNING 1
-), attempts AS (
-    DELETE FROM delivery_attempts WHERE broadcast_id = %(broadcast_id)s RETURNING 1
-), events AS (
+-- In the freeze's transaction: the broadcast's rows outside its partitions (events are few: one
+-- table, see migration 20), and its jobs' tallies (dropping the partitions fires no trigger).
+WITH events AS (
     DELETE FROM delivery_events WHERE broadcast_id = %(broadcast_id)s RETURNING 1
 ), floors AS (
     DELETE FROM claim_floors WHERE broadcast_id = %(broadcast_id)s RETURNING 1
 ), putbacks AS (
     DELETE FROM claim_putbacks WHERE broadcast_id = %(broadcast_id)s RETURNING 1
+), tallied AS (
+    DELETE FROM tallies WHERE subject = 'jobs' AND key[1] = %(broadcast_id)s::bigint::text RETURNING 1
 )
-SELECT (SELECT count(*) FROM jobs) AS broadcast_jobs,
-       (SELECT count(*) FROM attempts) AS delivery_attempts,
-       (SELECT count(*) FROM events) AS delivery_events,
-       (SELECT count(*) FROM floors) + (SELECT count(*) FROM putbacks) AS claim_floors;
+SELECT (SELECT count(*) FROM events) AS delivery_events,
+       (SELECT count(*) FROM floors) + (SELECT count(*) FROM putbacks) AS claim_floors,
+       (SELECT count(*) FROM tallied) AS tallies;
+
+-- name: retention_partitions
+-- A broadcast's partitions still there (attached, being detached, or detached and not dropped),
+-- with their disk: what pruning it drops.
+SELECT c.relname AS partition, parent.relname AS parent, i.inhdetachpending AS detaching,
+       pg_total_relation_size(c.oid) AS bytes
+  FROM (VALUES ('broadcast_jobs'), ('delivery_attempts')) AS p (parent_name)
+  JOIN pg_class c ON c.relname = p.parent_name || '_b' || %(broadcast_id)s::bigint
+                 AND c.relnamespace = 'public'::regnamespace
+  LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+  LEFT JOIN pg_class parent ON parent.oid = i.inhparent
+ ORDER BY 1;
+
+-- name: retention_pruned_with_partitions
+-- Campaigns pruned whose partitions are still there: a prune stopped between its commit and its
+-- drops (a node killed), finished by the next.
+SELECT c.id AS campaign_id, c.broadcast_id
+  FROM campaigns c
+ WHERE c.pruned_at IS NOT NULL
+   AND (to_regclass('public.broadcast_jobs_b' || c.broadcast_id) IS NOT NULL
+        OR to_regclass('public.delivery_attempts_b' || c.broadcast_id) IS NOT NULL)
+ ORDER BY c.pruned_at;
 
 -- name: retention_expire_inbound_mail
 -- The record of bounce messages read longer ago than inbound_mail's retention (a message arriving
