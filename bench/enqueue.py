@@ -17,7 +17,7 @@ import time
 import uuid
 
 import psycopg
-from common import admin_dsn, bench_parser, scratch_database
+from common import admin_dsn, bench_parser, scratch_database, truncate
 
 from senddock.api import Senddock
 from senddock.cli.logs import configure_logging
@@ -33,8 +33,8 @@ WHERE m.list_id = %(list_id)s
 
 
 def fill(conn: psycopg.Connection, size: int) -> int:
-    conn.execute("TRUNCATE broadcast_jobs, list_members, campaign_lists, lists, subscribers, suppressions, "
-                 "broadcasts, campaigns RESTART IDENTITY CASCADE")
+    truncate(conn, "broadcast_jobs, list_members, campaign_lists, lists, subscribers, suppressions, broadcasts, "
+                   "campaigns")
     list_id = conn.execute("INSERT INTO lists (name) VALUES ('bench') RETURNING id").fetchone()[0]
     conn.execute(
         "INSERT INTO subscribers (email, name) SELECT 'user' || i || '@example' || (i %% 50) || '.com', 'User ' || i "
@@ -46,7 +46,7 @@ def fill(conn: psycopg.Connection, size: int) -> int:
 
 
 def time_bare(conn: psycopg.Connection, list_id: int, campaign_id: int) -> float:
-    conn.execute("TRUNCATE broadcast_jobs")
+    truncate(conn, "broadcast_jobs")
     started = time.perf_counter()
     with conn.transaction():
         broadcast_id = conn.execute("INSERT INTO broadcasts (campaign_id) VALUES (%s) RETURNING id",
@@ -59,7 +59,7 @@ def time_bare(conn: psycopg.Connection, list_id: int, campaign_id: int) -> float
 
 
 def time_send(app: Senddock, conn: psycopg.Connection, size: int) -> float:
-    conn.execute("TRUNCATE broadcast_jobs")
+    truncate(conn, "broadcast_jobs")
     campaign_id = app.create_campaign(name=f"bench {uuid.uuid4().hex[:6]}", lists=["bench"], subject="Hi",
                                       from_addr="bench@example.com", text_body="Hello")
     started = time.perf_counter()
