@@ -55,6 +55,7 @@ from pathlib import Path
 import psycopg
 from common import (
     admin_dsn,
+    bench_node,
     bench_config,
     bench_parser,
     enqueue,
@@ -96,9 +97,7 @@ def prepare(dsn: str, paused: int, small: int, folder: Path) -> tuple[int, NodeI
                          (big_campaign,))
         _, broadcast_id = enqueue(app, "small")
         app.close()
-        node = NodeIdentity(id=uuid.uuid4(), name="bench", host="h", pid=1)
-        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'bench', 'h', 1)", (node.id,))
-        conn.execute("VACUUM ANALYZE")
+        node = bench_node(conn)
     return broadcast_id, node
 
 
@@ -337,9 +336,7 @@ def snapshot_main(args) -> None:
                                             text_body="Hello")
         app.close()
         conn = stack.enter_context(psycopg.connect(dsn, autocommit=True))
-        node = NodeIdentity(id=uuid.uuid4(), name="bench", host="h", pid=1)
-        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'bench', 'h', 1)", (node.id,))
-        conn.execute("VACUUM ANALYZE")
+        node = bench_node(conn)
         old = stack.enter_context(hold_snapshot(dsn, args.holder, next_campaign))
         print(f"  snapshot held open ({args.holder})", flush=True)
         sides = SnapshotSides(conn, node, broadcast_id, args.poll_jobs)

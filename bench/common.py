@@ -23,6 +23,7 @@ from senddock.chaos.lab import engine_settings  # noqa: F401 - the benches' one 
 from senddock.config import Config
 from senddock.loading import load_config
 from senddock.store.db import Database, embedded_server, stop_embedded
+from senddock.store.node_identity import NodeIdentity
 from senddock.testing import create_database, drop_database, migrate_database
 
 BENCH = Path(__file__).resolve().parent
@@ -58,6 +59,15 @@ def open_app(config: Config, dsn: str) -> Senddock:
     """The API, for the bench's own work around a run (filling, enqueueing, status): its sessions are
     named senddock-bench, which PgSampler leaves out of a node's count."""
     return Senddock(config, database=Database(config.database, dsn=dsn, application_name="senddock-bench"))
+
+
+def bench_node(conn: psycopg.Connection) -> NodeIdentity:
+    """A node registered as the claims' owner (the benches claim as it, without running one), and
+    the database vacuumed and analysed: the state the claim measurements start from."""
+    node = NodeIdentity(id=uuid.uuid4(), name="bench", host="h", pid=1)
+    conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'bench', 'h', 1)", (node.id,))
+    conn.execute("VACUUM ANALYZE")
+    return node
 
 
 def truncate(conn: psycopg.Connection, tables: str) -> None:

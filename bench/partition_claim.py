@@ -31,7 +31,7 @@ import uuid
 from contextlib import ExitStack
 
 import psycopg
-from common import admin_dsn, bench_parser, fill_list
+from common import admin_dsn, bench_node, bench_parser, fill_list
 from psycopg.rows import class_row
 
 from senddock.cli.logs import configure_logging
@@ -84,10 +84,8 @@ def prepare(dsn: str, ended: int, ended_jobs: int, small: int) -> tuple[int, Nod
     if ended:
         add_campaigns(dsn, ended, ended_jobs, "finished")
     broadcast_id = add_campaigns(dsn, 1, small, "sending")
-    node = NodeIdentity(id=uuid.uuid4(), name="bench", host="h", pid=1)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO nodes (id, name, host, pid) VALUES (%s, 'bench', 'h', 1)", (node.id,))
-        conn.execute("VACUUM ANALYZE")
+        node = bench_node(conn)
     return broadcast_id, node
 
 
