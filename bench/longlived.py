@@ -31,6 +31,7 @@ from pathlib import Path
 import psycopg
 
 from common import bench_config, bench_parser, open_app, scratch_database
+from senddock.cli.logs import configure_logging
 from senddock.testing import drain
 
 PER_RECIPIENT = ("broadcast_jobs", "delivery_attempts")
@@ -183,6 +184,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=21)
     parser.add_argument("--idle", type=float, default=20.0, help="seconds an idle node is watched")
     args = parser.parse_args()
+    configure_logging("warning", "json")  # a line per send would be the bench's own largest cost
     settings = {"transport": "instant", "plugins": {"load": ["senddock_bench_plugins"]}, "concurrency": 50}
     with scratch_database(None) as history_dsn, scratch_database(None) as empty_dsn, \
             tempfile.TemporaryDirectory() as folder:
