@@ -18,6 +18,7 @@ from senddock.mail.render_limits import DEFAULT_LIMITS, RenderLimits
 from senddock.domain.campaign_rate import send_rate_text
 from senddock.domain.campaigns import Campaign, CampaignDraft, get_campaign
 from senddock.store.queries import query
+from senddock.store.retention import drop_partitions
 from senddock.errors import InvalidInput, InvalidState, NotFound, UsageError
 from senddock.wording import is_status, plural
 
@@ -175,6 +176,8 @@ def delete_campaign(conn: psycopg.Connection, campaign_id: int, *, force: bool =
             # A claim that was committing while this ran took some of its jobs: a send may be starting.
             raise InvalidState(f"campaign {campaign_id}: {removed['in_flight']} of its jobs were claimed by a "
                                "node meanwhile; nothing was deleted, cancel it and try again")
+    if campaign.broadcast_id is not None:
+        drop_partitions(conn, campaign.broadcast_id)  # emptied above: nothing of the broadcast is left
     return Deleted(
         id=campaign_id, status=campaign.status, broadcast_id=campaign.broadcast_id, lists=removed["lists"],
         jobs=removed["jobs"], delivery_attempts=removed["delivery_attempts"],

@@ -225,6 +225,8 @@ def test_delete_a_sent_campaign_needs_force_and_keeps_its_suppressions(make_conf
         assert rows(database_dsn, f"SELECT count(*) FROM {table} WHERE broadcast_id = %s", broadcast) == [(0,)], table
         assert rows(database_dsn, f"SELECT count(*) FROM {table} WHERE broadcast_id <> %s", broadcast) == before[table]
     assert rows(database_dsn, "SELECT id FROM campaigns") == [(kept,)]
+    assert rows(database_dsn, "SELECT count(*) FROM pg_class WHERE relname IN (%s, %s)",
+                f"broadcast_jobs_b{broadcast}", f"delivery_attempts_b{broadcast}") == [(0,)]  # its partitions gone too
     assert rows(database_dsn, "SELECT DISTINCT campaign_id FROM campaign_events") == [(kept,)]
     # The bounce's suppression protects the list still: the next campaign skips the address.
     assert rows(database_dsn, "SELECT email, reason FROM suppressions") == [("bounce@example.com", "bounced")]
