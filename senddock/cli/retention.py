@@ -20,11 +20,12 @@ def add_commands(sub, command, positive_int) -> None:
 
 
 def prune(args: argparse.Namespace, out: Output) -> int:
+    from senddock.store.retention import PruneReport  # psycopg: not for every command's start
+
     with open_senddock(args) as sd:
         if args.campaign is not None:
             one = sd.prune_campaign(args.campaign, dry_run=args.dry_run)
-            result = {"dry_run": args.dry_run, "pruned": [one.as_dict()], "skipped": [], "expired": {},
-                      "bytes_returned": one.bytes_returned}
+            result = PruneReport(dry_run=args.dry_run, pruned=[one]).as_dict()
         else:
             result = sd.prune(dry_run=args.dry_run).as_dict()
     out.result(result, lambda: _human(result))

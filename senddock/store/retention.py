@@ -103,7 +103,7 @@ def prune_campaign(conn: psycopg.Connection, campaign_id: int, *, dry_run: bool 
             return Pruned(campaign_id, campaign["name"], broadcast_id, rows, bytes_returned=held)
         counts = cur.execute(query("broadcast_counts"), {"broadcast_id": broadcast_id}).fetchone()
         pruned_at = cur.execute(query("retention_freeze"), {"campaign_id": campaign_id,
-                                                            "counts": Jsonb(_plain(counts))}).fetchone()["pruned_at"]
+                                                            "counts": Jsonb(counts)}).fetchone()["pruned_at"]
         cur.execute(query("retention_remove_broadcast"), {"broadcast_id": broadcast_id})
     returned = drop_partitions(conn, broadcast_id)
     return Pruned(campaign_id, campaign["name"], broadcast_id, rows, pruned_at, returned)
@@ -161,9 +161,3 @@ def prune_due(conn: psycopg.Connection, retention: RetentionSettings, *, dry_run
             with conn.transaction():
                 report.expired[table] = conn.execute(count if dry_run else expire, {"keep": keep}).fetchone()[0]
     return report
-
-
-def _plain(counts: dict[str, Any]) -> dict[str, Any]:
-    """The counts as JSON keeps them (numbers from numeric sums as ints)."""
-    return {key: int(value) if not isinstance(value, (dict, list, str)) and value is not None else value
-            for key, value in counts.items()}
